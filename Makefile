@@ -1,0 +1,36 @@
+# The two commands a fresh machine needs: `make demo` and `make test`. Everything else is set up here.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11+, found " + sys.version.split()[0]'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tether demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tether tests
+	$(VENV)/bin/ruff format --check tether tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""Isolated, high-concurrency execution of untrusted code: namespaces, cgroups, seccomp, warm pools.
+
+The public names are loaded on first use: the sandbox worker imports modules of this package inside
+its namespaces and must not pay for (or carry into every forked run) the host-side dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether.sandbox.pool import PoolConfig, SandboxPool, SandboxUnavailable
+    from tether.sandbox.result import QcStatus, RunResult, RunStatus
+    from tether.sandbox.spec import SandboxSpec, load_spec
+
+_EXPORTS = {
+    "PoolConfig": "tether.sandbox.pool",
+    "SandboxPool": "tether.sandbox.pool",
+    "SandboxUnavailable": "tether.sandbox.pool",
+    "QcStatus": "tether.sandbox.result",
+    "RunResult": "tether.sandbox.result",
+    "RunStatus": "tether.sandbox.result",
+    "SandboxSpec": "tether.sandbox.spec",
+    "load_spec": "tether.sandbox.spec",
+}
+
+__all__ = [
+    "PoolConfig",
+    "QcStatus",
+    "RunResult",
+    "RunStatus",
+    "SandboxPool",
+    "SandboxSpec",
+    "SandboxUnavailable",
+    "load_spec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tether.sandbox' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

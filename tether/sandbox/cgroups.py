@@ -1,0 +1,251 @@
+"""Per-run cgroups for memory, pids and CPU, on cgroup v1 or v2, created and read by the host.
+
+The host creates each run's group, opens its `cgroup.procs` for the run to join (the descriptor is
+passed into the sandbox, so the sandbox never sees cgroupfs), and afterwards reads CPU time, peak memory
+and the OOM-kill counter, which is how a memory-limit kill is told from any other exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+REQUIRED_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+class CgroupVersion(Enum):
+    V1 = 1
+    V2 = 2
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLimits:
+    memory_bytes: int
+    pids_max: int
+    cpu_cores: float
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupStats:
+    cpu_ms: float
+    peak_memory_kib: int
+    oom_kills: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    mount_point: str
+    controllers: frozenset[str]
+    version: CgroupVersion
+
+
+def parse_mountinfo(text: str) -> list[Hierarchy]:
+    """Cgroup hierarchies from /proc/self/mountinfo (v1: controllers in super options; v2: unified)."""
+    hierarchies = []
+    for line in text.splitlines():
+        pre, _, post = line.partition(" - ")
+        fields, post_fields = pre.split(), post.split()
+        if len(post_fields) < 3 or len(fields) < 5:
+            continue
+        fstype, super_options = post_fields[0], post_fields[2]
+        if fstype == "cgroup":
+            controllers = frozenset(
+                o for o in super_options.split(",") if o not in ("rw", "ro") and "=" not in o
+            )
+            hierarchies.append(Hierarchy(fields[4], controllers, CgroupVersion.V1))
+        elif fstype == "cgroup2":
+            hierarchies.append(Hierarchy(fields[4], frozenset(), CgroupVersion.V2))
+    return hierarchies
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Map each v1 controller (and '' for v2) to this process's group path, from /proc/self/cgroup."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            paths[controller] = parts[2]
+    return paths
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where each controller's groups are created for this process."""
+
+    version: CgroupVersion
+    bases: dict[str, Path]  # controller -> directory under which run groups are created
+
+    @property
+    def directories(self) -> list[Path]:
+        return sorted(set(self.bases.values()))
+
+
+def detect_layout(
+    mountinfo: str, proc_cgroup: str, v2_controllers: set[str] | None, namespace: str = "tether"
+) -> CgroupLayout | None:
+    """Pick v1 when every required controller has a v1 hierarchy, else v2 when it offers them all."""
+    own_paths = parse_proc_cgroup(proc_cgroup)
+    hierarchies = parse_mountinfo(mountinfo)
+    v1: dict[str, Path] = {}
+    for hierarchy in hierarchies:
+        if hierarchy.version is CgroupVersion.V1:
+            for controller in hierarchy.controllers & {*REQUIRED_CONTROLLERS, "cpuacct"}:
+                own = own_paths.get(controller, "/").lstrip("/")
+                v1[controller] = Path(hierarchy.mount_point) / own / namespace
+    if all(c in v1 for c in REQUIRED_CONTROLLERS) and "cpuacct" in v1:
+        return CgroupLayout(CgroupVersion.V1, v1)
+    unified = [h for h in hierarchies if h.version is CgroupVersion.V2]
+    if unified and v2_controllers is not None and set(REQUIRED_CONTROLLERS) <= v2_controllers:
+        own = own_paths.get("", "/").lstrip("/")
+        base = Path(unified[0].mount_point) / own / namespace
+        return CgroupLayout(CgroupVersion.V2, dict.fromkeys(REQUIRED_CONTROLLERS, base))
+    return None
+
+
+def system_layout(namespace: str = "tether") -> CgroupLayout | None:
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    proc_cgroup = Path("/proc/self/cgroup").read_text()
+    v2_controllers = None
+    for hierarchy in parse_mountinfo(mountinfo):
+        if hierarchy.version is CgroupVersion.V2:
+            own = parse_proc_cgroup(proc_cgroup).get("", "/").lstrip("/")
+            controllers_file = Path(hierarchy.mount_point) / own / "cgroup.controllers"
+            with contextlib.suppress(OSError):
+                v2_controllers = set(controllers_file.read_text().split())
+            break
+    return detect_layout(mountinfo, proc_cgroup, v2_controllers, namespace)
+
+
+def _write(path: Path | str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path | str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    values = {}
+    for line in _read(path).splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            values[key] = int(value)
+    return values
+
+
+class RunCgroup:
+    """One run's groups (one directory per v1 hierarchy, one in total on v2)."""
+
+    def __init__(self, layout: CgroupLayout, name: str) -> None:
+        self.layout = layout
+        self.paths = {controller: base / name for controller, base in layout.bases.items()}
+        self.directories = sorted(set(self.paths.values()))
+        # Every run process joins every hierarchy before it can fork, so the pids group lists them all.
+        self._procs_file = str(self.paths["pids"] / "cgroup.procs")
+
+    def create(self, limits: CgroupLimits) -> None:
+        for directory in self.directories:
+            directory.mkdir()
+        quota = max(int(limits.cpu_cores * CPU_PERIOD_US), 1000)
+        if self.layout.version is CgroupVersion.V1:
+            memory = self.paths["memory"]
+            _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+            with contextlib.suppress(FileNotFoundError):
+                _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+            _write(self.paths["pids"] / "pids.max", str(limits.pids_max))
+            _write(self.paths["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(self.paths["cpu"] / "cpu.cfs_quota_us", str(quota))
+        else:
+            group = self.paths["memory"]
+            _write(group / "memory.max", str(limits.memory_bytes))
+            with contextlib.suppress(FileNotFoundError):
+                _write(group / "memory.swap.max", "0")
+            _write(group / "pids.max", str(limits.pids_max))
+            _write(group / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+
+    def open_procs(self) -> list[int]:
+        """Write-only descriptors of each group's `cgroup.procs`; writing "0" moves the writer in."""
+        return [
+            os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for directory in self.directories
+        ]
+
+    def stats(self) -> CgroupStats:
+        if self.layout.version is CgroupVersion.V1:
+            cpu_ns = int(_read(self.paths["cpuacct"] / "cpuacct.usage"))
+            memory = self.paths["memory"]
+            peak = int(_read(memory / "memory.max_usage_in_bytes"))
+            oom_kills = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0)
+            return CgroupStats(cpu_ns / 1e6, peak // 1024, oom_kills)
+        group = self.paths["memory"]
+        usage_us = _read_keyed(group / "cpu.stat").get("usage_usec", 0)
+        peak_file = group / "memory.peak"
+        peak = int(_read(peak_file)) if peak_file.exists() else 0
+        oom_kills = _read_keyed(group / "memory.events").get("oom_kill", 0)
+        return CgroupStats(usage_us / 1e3, peak // 1024, oom_kills)
+
+    def live_pids(self) -> set[int]:
+        try:
+            return {int(pid) for pid in _read(self._procs_file).split()}
+        except FileNotFoundError:
+            return set()
+
+    def remove(self, grace_s: float = 2.0) -> bool:
+        """Remove the groups, killing whatever is left in them first. False if that failed."""
+        deadline = time.monotonic() + grace_s
+        remaining = list(self.directories)
+        while remaining:
+            try:
+                remaining[0].rmdir()
+                remaining.pop(0)
+            except FileNotFoundError:
+                remaining.pop(0)
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                for pid in self.live_pids():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.002)
+        return True
+
+
+def prepare_layout(layout: CgroupLayout) -> None:
+    """Create the namespace directories; on v2 also delegate the controllers down to them."""
+    for directory in layout.directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        if layout.version is CgroupVersion.V2:
+            wanted = " ".join(f"+{c}" for c in REQUIRED_CONTROLLERS)
+            with contextlib.suppress(OSError):
+                _write(directory.parent / "cgroup.subtree_control", wanted)
+            _write(directory / "cgroup.subtree_control", wanted)
+
+
+def remove_stale_groups(layout: CgroupLayout) -> int:
+    """Remove empty run groups left by pool processes that no longer exist (`<pid>-<n>` names)."""
+    removed = 0
+    for directory in layout.directories:
+        if not directory.is_dir():
+            continue
+        for child in directory.iterdir():
+            owner = child.name.split("-", 1)[0]
+            if child.is_dir() and owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+                    removed += 1
+    return removed

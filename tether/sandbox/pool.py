@@ -1,0 +1,447 @@
+"""`SandboxPool`: a warm pool of isolated workers behind a fair queue, with a quality check per run.
+
+    async with SandboxPool(SandboxSpec(timeout_s=5)) as pool:
+        result = await pool.run("print(1)", language="python")
+
+Each slot is one worker (see `zygote.py`). A run takes a slot, gets fresh cgroups from the host, runs,
+and is checked: a worker whose fingerprint changed, or whose run left a process behind, is discarded
+and replaced, never reused. The pool knows nothing of HTTP; `server.py` puts it on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.errors import ConfigError
+from tether.sandbox import protocol
+from tether.sandbox.cgroups import (
+    CgroupLayout,
+    CgroupLimits,
+    CgroupStats,
+    RunCgroup,
+    prepare_layout,
+    remove_stale_groups,
+    system_layout,
+)
+from tether.sandbox.fair_queue import FairQueue
+from tether.sandbox.languages import Language, default_languages, lookup
+from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
+from tether.sandbox.qc import QualityReport, quality_check
+from tether.sandbox.result import CompileOutput, RunResult, RunStatus, classify
+from tether.sandbox.seccomp import compile_bpf
+from tether.sandbox.session import SandboxSession, SessionClosed
+from tether.sandbox.spec import SandboxSpec
+from tether.sandbox.worker import IdMap, Worker, WorkerError
+
+DEFAULT_PRELOAD = (
+    "abc",
+    "argparse",
+    "array",
+    "base64",
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "io",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "textwrap",
+    "typing",
+    "unittest",
+)
+DEFAULT_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_GRACE_S = 10.0
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel lacks an isolation primitive and the pool was not started with insecure=True."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """How the pool runs its workers. Limits of each run live in `SandboxSpec`."""
+
+    slots: int = field(default_factory=lambda: max(os.cpu_count() or 1, 1))
+    host_uid_base: int = 1_000_000  # unprivileged host uid of the namespace root; runs get base+run_uid
+    run_uid: int = 1000
+    workdir: str = "/workspace"
+    extra_readonly_paths: tuple[str, ...] = ()
+    preload_modules: tuple[str, ...] = DEFAULT_PRELOAD
+    python_executable: str = sys.executable
+    insecure: bool = False
+    max_runs_per_worker: int = 5000
+    worker_start_timeout_s: float = 30.0
+    session_idle_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= 1024:
+            raise ConfigError(f"slots = {self.slots!r}: must be between 1 and 1024")
+        if not 1 <= self.run_uid < 65536:
+            raise ConfigError(f"run_uid = {self.run_uid!r}: must be between 1 and 65535")
+        if self.session_idle_timeout_s <= 0:
+            raise ConfigError(f"session_idle_timeout_s = {self.session_idle_timeout_s!r}: must be positive")
+        if self.host_uid_base < 65536:
+            raise ConfigError(
+                f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
+            )
+        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
+            raise ConfigError(
+                f"workdir = {self.workdir!r}: must be an absolute path outside /tmp, /proc, /dev"
+            )
+
+    def readonly_paths(self) -> list[str]:
+        prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(self.python_executable))}
+        return [*DEFAULT_READONLY, *sorted(prefixes), *self.extra_readonly_paths]
+
+
+def _encode(data: str | bytes) -> str:
+    return protocol.b64encode(data.encode() if isinstance(data, str) else data)
+
+
+class SandboxPool:
+    def __init__(
+        self,
+        spec: SandboxSpec | None = None,
+        config: PoolConfig | None = None,
+        languages: Mapping[str, Language] | None = None,
+    ) -> None:
+        self.spec = spec or SandboxSpec()
+        self.config = config or PoolConfig()
+        self.languages = dict(languages or default_languages(self.config.python_executable))
+        self.layout: CgroupLayout | None = None
+        self._queue = FairQueue(self.config.slots)
+        self._idle: list[Worker] = []
+        self._names = itertools.count()
+        self._run_ids = itertools.count()
+        self._init: WorkerInit | None = None
+        self._closing = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.status_counts: dict[RunStatus, int] = dict.fromkeys(RunStatus, 0)
+        self.qc_failures = 0
+        self.workers_replaced = 0
+        self.sessions: dict[str, SandboxSession] = {}
+
+    async def __aenter__(self) -> SandboxPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.depth
+
+    @property
+    def busy_slots(self) -> int:
+        return self.config.slots - self._queue.free_slots
+
+    async def start(self) -> None:
+        self.layout = system_layout()
+        if self.layout is None:
+            if not self.config.insecure:
+                raise SandboxUnavailable(
+                    "no usable cgroup hierarchy with memory, pids and cpu controllers "
+                    "(see `tether sandbox doctor`); pass insecure=True / --insecure to run without cgroups"
+                )
+        else:
+            prepare_layout(self.layout)
+            remove_stale_groups(self.layout)
+        try:
+            bpf = compile_bpf()
+        except Exception as error:
+            if not self.config.insecure:
+                raise SandboxUnavailable(f"seccomp is unavailable: {error}") from error
+            bpf = b""
+        self._init = WorkerInit(
+            readonly_paths=self.config.readonly_paths(),
+            device_nodes=list(DEVICE_NODES),
+            preload_modules=list(self.config.preload_modules),
+            seccomp_bpf_b64=protocol.b64encode(bpf),
+            run_uid=self.config.run_uid,
+            run_gid=self.config.run_uid,
+            workdir=self.config.workdir,
+            skeleton_dir="",
+        )
+        workers = await asyncio.gather(
+            *(self._new_worker() for _ in range(self.config.slots)), return_exceptions=True
+        )
+        failures = [w for w in workers if isinstance(w, BaseException)]
+        started = [w for w in workers if isinstance(w, Worker)]
+        if failures:
+            await asyncio.gather(*(w.kill() for w in started))
+            raise SandboxUnavailable(f"sandbox workers failed to start: {failures[0]}") from failures[0]
+        self._idle.extend(started)
+        self._spawn(self._expire_sessions())
+
+    async def _new_worker(self) -> Worker:
+        assert self._init is not None
+        worker = Worker(
+            f"w{next(self._names)}",
+            self._init,
+            IdMap(self.config.host_uid_base, self.config.run_uid),
+            self.config.python_executable,
+        )
+        await worker.start(self.config.worker_start_timeout_s)
+        return worker
+
+    async def close(self) -> None:
+        self._closing = True
+        for session in list(self.sessions.values()):
+            await session.close()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        workers, self._idle = self._idle, []
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+
+    def build_request(
+        self,
+        code: str | bytes,
+        language: str,
+        stdin: str | bytes,
+        files: Mapping[str, str | bytes],
+        spec: SandboxSpec,
+        warm: bool = True,
+        dir_id: str | None = None,
+        keep_dir: bool = False,
+    ) -> tuple[RunRequest, bool]:
+        """The worker request for one run (pure): source file, compile step if any, run step."""
+        lang = lookup(self.languages, language)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": self.config.workdir,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "USER": "sandbox",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **spec.env,
+        }
+        all_files = {name: _encode(content) for name, content in files.items()}
+        all_files[lang.source_file] = _encode(code)
+
+        def step(
+            argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
+        ) -> StepRequest:
+            return StepRequest(
+                argv=list(argv),
+                inline_python=inline,
+                stdin_b64=_encode(stdin_data),
+                env=env,
+                timeout_s=timeout_s,
+                output_limit_bytes=spec.output_limit_bytes,
+                cpu_time_limit_s=spec.cpu_time_limit_s(timeout_s),
+                open_files_max=spec.open_files_max,
+                file_size_max_bytes=spec.disk_mib * 1024 * 1024,
+            )
+
+        steps = []
+        if lang.compile_argv is not None:
+            steps.append(step(lang.compile_argv, spec.compile_timeout_s))
+        inline = f"{self.config.workdir}/{lang.source_file}" if lang.warm_python and warm else None
+        steps.append(step(lang.run_argv, spec.timeout_s, inline, stdin))
+        request = RunRequest(
+            dir_id=dir_id or f"r{next(self._run_ids)}",
+            disk_mib=spec.disk_mib,
+            files=all_files,
+            steps=steps,
+            keep_dir=keep_dir,
+        )
+        return request, lang.compile_argv is not None
+
+    async def run(
+        self,
+        code: str | bytes,
+        language: str = "python",
+        stdin: str | bytes = "",
+        files: Mapping[str, str | bytes] | None = None,
+        collect: Sequence[str] = (),
+        spec: SandboxSpec | None = None,
+        client: str = "",
+        warm: bool = True,
+    ) -> RunResult:
+        """Run one program in a fresh isolated environment and return its classified result."""
+        spec = spec or self.spec
+        request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
+        request.collect = list(collect)
+        await self._queue.acquire(client)
+        worker = self._idle.pop()
+        keep = False
+        try:
+            result, keep = await self.execute(worker, request, spec, compiled)
+        finally:
+            self._give_back(worker, keep)
+        return result
+
+    async def open_session(self, spec: SandboxSpec | None = None, client: str = "") -> SandboxSession:
+        """A sandbox whose working directory persists across runs; it holds one slot until closed."""
+        await self._queue.acquire(client)
+        session = SandboxSession(self, self._idle.pop(), spec or self.spec)
+        self.sessions[session.id] = session
+        return session
+
+    def get_session(self, session_id: str) -> SandboxSession:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise SessionClosed(f"no open session {session_id!r}") from None
+
+    def end_session(self, session: SandboxSession, worker: Worker, healthy: bool) -> None:
+        self.sessions.pop(session.id, None)
+        self._give_back(worker, healthy and worker.alive)
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.config.session_idle_timeout_s / 4, 5.0))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if now - session.last_used > self.config.session_idle_timeout_s:
+                    await session.close()
+
+    async def execute(
+        self, worker: Worker, request: RunRequest, spec: SandboxSpec, compiled: bool
+    ) -> tuple[RunResult, bool]:
+        cgroups = self._make_cgroups(request, spec)
+        fds = [fd for group in cgroups for fd in group.open_procs()]
+        for step in request.steps:
+            step.cgroup_fd_count = len(cgroups[0].directories) if cgroups else 0
+        deadline = sum(step.timeout_s for step in request.steps) + _GRACE_S
+        reply: RunReply | None = None
+        error: str | None = None
+        try:
+            reply = await asyncio.wait_for(worker.run(request, fds), deadline)
+        except (WorkerError, EOFError, OSError, ValueError) as failure:
+            error = f"worker {worker.name} failed: {failure}"
+        except TimeoutError:
+            error = f"worker {worker.name} did not answer within {deadline:.0f} s"
+        except asyncio.CancelledError:
+            await worker.kill()
+            for group in cgroups:
+                group.remove()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if reply is None:
+            await worker.kill()
+        stats = [group.stats() for group in cgroups]
+        report = quality_check(worker, reply, cgroups)
+        result = self._assemble(reply, stats, compiled, error)
+        result.qc, result.qc_detail, result.worker = report.status, report.reasons, worker.name
+        self.status_counts[result.status] += 1
+        keep = report.passed and worker.alive and worker.runs_served < self.config.max_runs_per_worker
+        if not report.passed:
+            self.qc_failures += 1
+        return result, keep
+
+    def _make_cgroups(self, request: RunRequest, spec: SandboxSpec) -> list[RunCgroup]:
+        if self.layout is None:
+            return []
+        limits = CgroupLimits(spec.memory_mib * 1024 * 1024, spec.pids_max, spec.cpu_limit)
+        groups = []
+        for index, _ in enumerate(request.steps):
+            group = RunCgroup(self.layout, f"{os.getpid()}-{request.dir_id}-{index}")
+            group.create(limits)
+            groups.append(group)
+        return groups
+
+    @staticmethod
+    def _assemble(
+        reply: RunReply | None, stats: list[CgroupStats], compiled: bool, error: str | None
+    ) -> RunResult:
+        if reply is None or reply.error:
+            return RunResult(status=RunStatus.SANDBOX_ERROR, error=error or (reply.error if reply else None))
+        empty = CgroupStats(0.0, 0, 0)
+        compile_output = None
+        outcomes = list(reply.steps)
+        step_stats = stats or [empty] * len(outcomes)
+        if compiled and outcomes:
+            first = outcomes.pop(0)
+            first_stats = step_stats.pop(0) if step_stats else empty
+            compile_output = CompileOutput(
+                exit_code=first.exit_code,
+                stdout=protocol.b64decode(first.stdout_b64).decode(errors="replace"),
+                stderr=protocol.b64decode(first.stderr_b64).decode(errors="replace"),
+                wall_ms=first.wall_ms,
+            )
+            status = classify(first, first_stats, is_compile=True)
+            if status is not RunStatus.OK:
+                return RunResult(
+                    status=status, compile=compile_output, error=first.setup_error, exit_code=first.exit_code
+                )
+        if not outcomes:
+            return RunResult(
+                status=RunStatus.SANDBOX_ERROR, error="the run step did not execute", compile=compile_output
+            )
+        outcome, outcome_stats = outcomes[0], (step_stats[0] if step_stats else empty)
+        return RunResult(
+            status=classify(outcome, outcome_stats),
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stdout=protocol.b64decode(outcome.stdout_b64).decode(errors="replace"),
+            stderr=protocol.b64decode(outcome.stderr_b64).decode(errors="replace"),
+            stdout_truncated=outcome.stdout_truncated,
+            stderr_truncated=outcome.stderr_truncated,
+            wall_ms=round(outcome.wall_ms, 3),
+            cpu_ms=round(outcome_stats.cpu_ms, 3),
+            peak_memory_kib=outcome_stats.peak_memory_kib,
+            files=reply.files,
+            missing_files=reply.missing_files,
+            compile=compile_output,
+            error=outcome.setup_error,
+        )
+
+    def _give_back(self, worker: Worker, keep: bool) -> None:
+        if keep:
+            self._idle.append(worker)
+            self._queue.release()
+            return
+        self._spawn(self._replace(worker))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _replace(self, worker: Worker) -> None:
+        """Discard a worker and fill its slot with a fresh one before the slot is handed out again."""
+        await worker.kill()
+        self.workers_replaced += 1
+        delay = 0.1
+        while not self._closing:
+            try:
+                self._idle.append(await self._new_worker())
+                break
+            except (TimeoutError, WorkerError, OSError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._queue.release()
+
+    async def health(self) -> QualityReport:
+        """Run a trivial program through the pool and report whether it came back clean."""
+        result = await self.run("print('ok')", language="python")
+        return QualityReport(
+            result.status is RunStatus.OK and result.stdout == "ok\n" and result.qc.value == "passed",
+            result.qc_detail,
+        )

@@ -1,0 +1,111 @@
+"""The private root view a worker pivots into: an allow-list of host paths, bound read-only.
+
+Runs inside the worker's own user and mount namespaces, once per worker. Nothing of the host is
+visible except the listed paths (never /tmp, /home, /root or the project tree), and none of it is
+writable; per-run writable space is mounted later, by `child.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tether.sandbox import linux
+from tether.sandbox.linux import MNT_DETACH, Mount
+
+STAGING = "/.staging"
+_OLD_ROOT = ".oldroot"
+
+
+def minimal_paths(paths: list[str]) -> list[str]:
+    """Drop paths already covered by an ancestor in the list; keep order stable for reproducibility."""
+    normalized = sorted({os.path.normpath(p) for p in paths})
+    kept: list[str] = []
+    for path in normalized:
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _bind_readonly(source: str, target: str) -> None:
+    linux.mount(source, target, None, Mount.BIND | Mount.REC)
+    flags = linux.locked_mount_flags(target) | Mount.RDONLY | Mount.NOSUID
+    linux.mount("none", target, None, Mount.REMOUNT | Mount.BIND | Mount.RDONLY | flags)
+
+
+@dataclass(frozen=True, slots=True)
+class _HostPath:
+    path: str
+    kind: str  # "link", "dir" or "file"
+    link_target: str = ""
+    fd: int = -1
+
+
+def _open_host_paths(paths: list[str]) -> list[_HostPath]:
+    """Open each allowed path while still host root, so 0700 parents such as /root can be crossed."""
+    opened = []
+    for path in minimal_paths(paths):
+        if not os.path.lexists(path):
+            continue
+        if os.path.islink(path):
+            opened.append(_HostPath(path, "link", os.readlink(path)))
+            continue
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        opened.append(_HostPath(path, "dir" if os.path.isdir(path) else "file", fd=fd))
+    return opened
+
+
+def _place(new_root: str, host: _HostPath) -> None:
+    """Mirror a host path into `new_root`: a symlink stays a symlink, anything else is bound read-only."""
+    target = new_root + host.path
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    if host.kind == "link":
+        if not os.path.lexists(target):
+            os.symlink(host.link_target, target)
+        return
+    if host.kind == "dir":
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        with open(target, "w"):
+            pass
+    _bind_readonly(f"/proc/self/fd/{host.fd}", target)
+    os.close(host.fd)
+
+
+def build_root(skeleton_dir: str, readonly_paths: list[str], device_nodes: list[str], workdir: str) -> None:
+    """Build the root view on a tmpfs at `skeleton_dir`, pivot into it and seal it read-only.
+
+    Called as host root inside the new user namespace; returns as the namespace's root user, which
+    the host sees as an unprivileged uid. Files on the new tmpfs can only be created under a uid the
+    namespace maps, hence the switch between opening the host paths and building the tree.
+    """
+    linux.mount("none", "/", None, Mount.REC | Mount.PRIVATE)
+    host_paths = _open_host_paths(readonly_paths)
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    linux.mount("tmpfs", skeleton_dir, "tmpfs", Mount.NOSUID | Mount.NODEV, "mode=0755,size=1m")
+    for host in host_paths:
+        _place(skeleton_dir, host)
+    os.makedirs(skeleton_dir + "/dev", mode=0o755, exist_ok=True)
+    for node in device_nodes:
+        target = skeleton_dir + node
+        with open(target, "w"):
+            pass
+        linux.mount(node, target, None, Mount.BIND)
+    for name, link in {
+        "fd": "/proc/self/fd",
+        "stdin": "/proc/self/fd/0",
+        "stdout": "/proc/self/fd/1",
+        "stderr": "/proc/self/fd/2",
+    }.items():
+        os.symlink(link, f"{skeleton_dir}/dev/{name}")
+    for directory in ("dev/shm", "proc", "tmp", workdir.lstrip("/"), STAGING.lstrip("/"), _OLD_ROOT):
+        os.makedirs(f"{skeleton_dir}/{directory}", mode=0o755, exist_ok=True)
+    # A user namespace may mount a new proc only while a fully visible one exists, so before the pivot.
+    linux.mount("proc", f"{skeleton_dir}/proc", "proc", Mount.NOSUID | Mount.NODEV | Mount.NOEXEC)
+    linux.pivot_root(skeleton_dir, f"{skeleton_dir}/{_OLD_ROOT}")
+    os.chdir("/")
+    linux.umount(f"/{_OLD_ROOT}", MNT_DETACH)
+    os.rmdir(f"/{_OLD_ROOT}")
+    linux.mount("tmpfs", STAGING, "tmpfs", Mount.NOSUID | Mount.NODEV, "mode=0700")
+    linux.mount("none", "/", None, Mount.REMOUNT | Mount.BIND | Mount.RDONLY | Mount.NOSUID | Mount.NODEV)

@@ -1,0 +1,122 @@
+"""`SandboxSession`: a sandbox that keeps its working directory across many runs, for agents.
+
+A session holds one worker and one slot of its pool for its whole life. Each `run` is still a fresh
+process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp)
+persists. Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the
+worker and hands it back.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tether.errors import TetherError
+from tether.sandbox import protocol
+from tether.sandbox.protocol import RunRequest
+from tether.sandbox.result import RunResult
+from tether.sandbox.spec import SandboxSpec
+from tether.sandbox.worker import Worker
+
+if TYPE_CHECKING:
+    from tether.sandbox.pool import SandboxPool
+
+
+class SessionClosed(TetherError):
+    """The session was closed, expired, or lost its worker."""
+
+
+class SandboxSession:
+    def __init__(
+        self,
+        pool: SandboxPool,
+        worker: Worker,
+        spec: SandboxSpec,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = f"s{uuid.uuid4().hex[:16]}"
+        self.pool = pool
+        self.spec = spec
+        self._worker: Worker | None = worker
+        self._clock = clock
+        self.last_used = clock()
+        self.runs = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._worker is None
+
+    def _require_worker(self) -> Worker:
+        if self._worker is None:
+            raise SessionClosed(f"session {self.id} is closed")
+        self.last_used = self._clock()
+        return self._worker
+
+    async def run(
+        self,
+        code: str | bytes,
+        language: str = "python",
+        stdin: str | bytes = "",
+        files: Mapping[str, str | bytes] | None = None,
+        collect: Sequence[str] = (),
+        spec: SandboxSpec | None = None,
+    ) -> RunResult:
+        worker = self._require_worker()
+        request, compiled = self.pool.build_request(
+            code, language, stdin, files or {}, spec or self.spec, dir_id=self.id, keep_dir=True
+        )
+        request.collect = list(collect)
+        result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
+        self.runs += 1
+        if not healthy:
+            await self._discard()
+        return result
+
+    async def upload(self, files: Mapping[str, str | bytes]) -> None:
+        worker = self._require_worker()
+        request = RunRequest(
+            dir_id=self.id,
+            disk_mib=self.spec.disk_mib,
+            files={
+                name: protocol.b64encode(data.encode() if isinstance(data, str) else data)
+                for name, data in files.items()
+            },
+            steps=[],
+            keep_dir=True,
+        )
+        reply = await worker.run(request, [])
+        if reply.error:
+            raise TetherError(f"upload to session {self.id} failed: {reply.error}")
+
+    async def download(self, paths: Sequence[str]) -> dict[str, bytes]:
+        """Read files from the session's working directory; missing ones raise FileNotFoundError."""
+        worker = self._require_worker()
+        files, missing = await worker.download(self.id, list(paths))
+        if missing:
+            raise FileNotFoundError(f"not in session {self.id}: {', '.join(missing)}")
+        return {name: protocol.b64decode(data) for name, data in files.items()}
+
+    async def close(self) -> None:
+        if self._worker is None:
+            return
+        worker, self._worker = self._worker, None
+        fingerprint = None
+        try:
+            fingerprint = await worker.release(self.id)
+        except (OSError, EOFError, RuntimeError):
+            fingerprint = None
+        self.pool.end_session(self, worker, healthy=fingerprint == worker.baseline_fingerprint)
+
+    async def _discard(self) -> None:
+        if self._worker is None:
+            return
+        worker, self._worker = self._worker, None
+        self.pool.end_session(self, worker, healthy=False)
+
+    async def __aenter__(self) -> SandboxSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

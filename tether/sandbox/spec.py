@@ -1,0 +1,74 @@
+"""`SandboxSpec`: the declarative limits of one run, with safe defaults and units in every name.
+
+Loaded from Python, a TOML/YAML file (`--spec FILE`) or an HTTP request; unknown keys and bad values are
+errors that name the key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.errors import ConfigError, describe_validation_error
+
+
+class SandboxSpec(BaseModel):
+    """Limits for one sandboxed run. Every limit is enforced by the kernel, not by the program."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_limit: float = Field(1.0, gt=0, le=64, description="CPU cores the run may use (cgroup CPU quota).")
+    memory_mib: int = Field(
+        512, ge=16, le=65536, description="Memory limit in MiB (cgroup); excess is OOM-killed."
+    )
+    pids_max: int = Field(64, ge=4, le=4096, description="Most processes and threads alive at once (cgroup).")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="Wall-clock limit of each step in seconds.")
+    compile_timeout_s: float = Field(30.0, gt=0, le=3600, description="Wall-clock limit of a compile step.")
+    disk_mib: int = Field(
+        64, ge=1, le=16384, description="Size of the run's tmpfs (workdir, /tmp, /dev/shm)."
+    )
+    network: Literal["none"] = Field("none", description="Network access; only 'none' (an empty namespace).")
+    output_limit_kib: int = Field(
+        1024, ge=1, le=262144, description="Cap on stdout and on stderr, each, in KiB."
+    )
+    open_files_max: int = Field(256, ge=16, le=65536, description="RLIMIT_NOFILE of the run.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the run.")
+
+    @property
+    def output_limit_bytes(self) -> int:
+        return self.output_limit_kib * 1024
+
+    def cpu_time_limit_s(self, timeout_s: float) -> int:
+        """RLIMIT_CPU backstop: the wall timeout times the cores, rounded up, plus one second."""
+        return int(timeout_s * self.cpu_limit) + 2
+
+
+def spec_from_mapping(data: dict[str, Any], source: str) -> SandboxSpec:
+    try:
+        return SandboxSpec.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, source)) from None
+
+
+def load_spec(path: Path) -> SandboxSpec:
+    """Read a spec from TOML (`.toml`) or YAML (`.yaml`/`.yml`)."""
+    if not path.is_file():
+        raise ConfigError(f"spec file {str(path)!r} does not exist")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"spec file {str(path)!r}: unknown format {suffix!r}; use .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"spec file {str(path)!r} is not valid {suffix[1:].upper()}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"spec file {str(path)!r} must hold a table of keys, not {type(data).__name__}")
+    return spec_from_mapping(data, f"spec file {str(path)!r}")

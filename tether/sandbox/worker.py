@@ -1,0 +1,180 @@
+"""Host-side handle of one sandbox worker process: start it, map its ids, send runs, stop it.
+
+All the host's privileged acts for a worker happen here: writing its uid/gid maps and handing it
+cgroup descriptors. The worker itself is treated as untrusted input: its replies are parsed as JSON
+and a worker that misbehaves or stalls is killed, which kills every run inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from tether.sandbox import protocol
+from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
+
+
+class WorkerError(RuntimeError):
+    """The worker failed to start, answered out of protocol, or died."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdMap:
+    """The worker's namespace root and run user, each mapped to an unprivileged host id."""
+
+    host_base: int
+    run_id: int
+
+    def lines(self) -> str:
+        return f"0 {self.host_base} 1\n{self.run_id} {self.host_base + self.run_id} 1\n"
+
+
+async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, count: int) -> bytes:
+    buffer = bytearray()
+    while len(buffer) < count:
+        chunk = await loop.sock_recv(sock, count - len(buffer))
+        if not chunk:
+            raise EOFError("worker closed its control socket")
+        buffer += chunk
+    return bytes(buffer)
+
+
+async def recv_frame(sock: socket.socket) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    length = protocol.decode_header(await _recv_exactly(loop, sock, 4))
+    message = json.loads(await _recv_exactly(loop, sock, length))
+    if not isinstance(message, dict):
+        raise WorkerError("worker sent a frame that is not a JSON object")
+    return message
+
+
+async def send_frame(sock: socket.socket, payload: dict[str, Any]) -> None:
+    await asyncio.get_running_loop().sock_sendall(sock, protocol.encode_frame(payload))
+
+
+class Worker:
+    def __init__(self, name: str, init: WorkerInit, ids: IdMap, python_executable: str) -> None:
+        self.name = name
+        self.init = init
+        self.ids = ids
+        self.python_executable = python_executable
+        self.baseline_fingerprint = ""
+        self.process: asyncio.subprocess.Process | None = None
+        self._control: socket.socket | None = None
+        self._fds: socket.socket | None = None
+        self._skeleton: str | None = None
+        self.runs_served = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds, fds_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._skeleton = tempfile.mkdtemp(prefix="tether-root-")
+        os.chmod(self._skeleton, 0o755)
+        init = WorkerInit(**{**protocol.to_json(self.init), "skeleton_dir": self._skeleton})
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        self.process = await asyncio.create_subprocess_exec(
+            self.python_executable,
+            "-I",
+            "-m",
+            "tether.sandbox.zygote",
+            str(control_child.fileno()),
+            str(fds_child.fileno()),
+            pass_fds=(control_child.fileno(), fds_child.fileno()),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd="/",
+        )
+        control_child.close()
+        fds_child.close()
+        control.setblocking(False)
+        fds.setblocking(False)
+        self._control, self._fds = control, fds
+        try:
+            await asyncio.wait_for(self._handshake(init), timeout_s)
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def _handshake(self, init: WorkerInit) -> None:
+        assert self._control is not None and self.process is not None
+        await send_frame(self._control, protocol.to_json(init))
+        message = await self._expect("map_ids")
+        pid = self.process.pid
+        with open(f"/proc/{pid}/uid_map", "w") as handle:
+            handle.write(self.ids.lines())
+        with open(f"/proc/{pid}/gid_map", "w") as handle:
+            handle.write(self.ids.lines())
+        await send_frame(self._control, {"op": "ids_mapped"})
+        message = await self._expect("ready")
+        self.baseline_fingerprint = str(message["fingerprint"])
+
+    async def _expect(self, op: str) -> dict[str, Any]:
+        assert self._control is not None
+        try:
+            message = await recv_frame(self._control)
+        except EOFError:
+            raise WorkerError(f"worker {self.name} exited while starting") from None
+        if message.get("op") == "error":
+            raise WorkerError(f"worker {self.name} failed: {message.get('error')}")
+        if message.get("op") != op:
+            raise WorkerError(f"worker {self.name} sent {message.get('op')!r}, expected {op!r}")
+        return message
+
+    async def run(self, request: RunRequest, cgroup_fds: list[int]) -> RunReply:
+        assert self._control is not None and self._fds is not None
+        await send_frame(self._control, {"op": "run", **protocol.to_json(request)})
+        if cgroup_fds:
+            socket.send_fds(self._fds, [b"f"], cgroup_fds)
+        message = await self._expect("result")
+        message.pop("op")
+        self.runs_served += 1
+        try:
+            return protocol.run_reply_from(message)
+        except (TypeError, KeyError) as error:
+            raise WorkerError(f"worker {self.name} sent a malformed result: {error}") from None
+
+    async def download(self, dir_id: str, paths: list[str]) -> tuple[dict[str, str], list[str]]:
+        assert self._control is not None
+        await send_frame(self._control, {"op": "download", "dir_id": dir_id, "paths": paths})
+        message = await self._expect("files")
+        return dict(message["files"]), list(message["missing"])
+
+    async def release(self, dir_id: str) -> str:
+        assert self._control is not None
+        await send_frame(self._control, {"op": "release", "dir_id": dir_id})
+        return str((await self._expect("released"))["fingerprint"])
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+        for sock in (self._control, self._fds):
+            if sock is not None:
+                sock.close()
+        self._control = self._fds = None
+        if self._skeleton is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._skeleton)
+            self._skeleton = None
+
+    async def stop(self) -> None:
+        if self._control is not None and self.alive:
+            with contextlib.suppress(OSError):
+                await send_frame(self._control, {"op": "shutdown"})
+            assert self.process is not None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 2.0)
+        await self.kill()

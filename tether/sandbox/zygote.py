@@ -1,0 +1,367 @@
+"""The sandbox worker: enters its namespaces once, pivots into the read-only root, then forks runs.
+
+Started by the host (`worker.py`) as `python -I -m tether.sandbox.zygote CTRL_FD FDS_FD`. The launcher
+process takes new user, mount, network, IPC, UTS and PID namespaces, waits for the host to write its
+uid/gid maps, and forks the zygote, PID 1 of the worker's PID namespace, so that killing the launcher
+(or the host dying) takes every run with it. The zygote preloads the standard library, then serves run
+requests one at a time: each run gets a fresh tmpfs, PID/mount/IPC namespaces and the cgroups the host
+passed in. It never decides a run's status: it reports raw outcomes, the host classifies them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import hashlib
+import importlib
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+
+from tether.sandbox import linux, protocol
+from tether.sandbox.child import ChildPlan, run_child
+from tether.sandbox.linux import MNT_DETACH, Clone, Mount
+from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
+from tether.sandbox.rootfs import STAGING, build_root
+
+WORKER_NAMESPACES = Clone.NEWUSER | Clone.NEWNS | Clone.NEWNET | Clone.NEWIPC | Clone.NEWUTS | Clone.NEWPID
+_READ_CHUNK = 65536
+
+
+def _bring_loopback_up() -> None:
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, request))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
+def fingerprint(kept_dirs: frozenset[str] = frozenset()) -> str:
+    """A digest of everything a run could have left behind in the worker: processes, mounts, fds, staging.
+
+    Run directories kept on purpose (sessions) are left out, so a worker holding a session still
+    matches its baseline. Mount ids are hashed too: a released run's mounts are all gone, so any
+    difference from the baseline is a leftover.
+    """
+    kept_mounts = tuple(f" {STAGING}/{name} " for name in kept_dirs)
+    digest = hashlib.sha256()
+    digest.update(" ".join(sorted(name for name in os.listdir("/proc") if name.isdigit())).encode())
+    fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        mountinfo = b""
+        while chunk := os.read(fd, 65536):
+            mountinfo += chunk
+    finally:
+        os.close(fd)
+    for line in mountinfo.decode().splitlines():
+        if not any(marker in line for marker in kept_mounts):
+            digest.update(line.encode())
+    staged = sorted(set(os.listdir(STAGING)) - kept_dirs)
+    digest.update(f"|{len(os.listdir('/proc/self/fd'))}|{staged}".encode())
+    return digest.hexdigest()
+
+
+class Zygote:
+    def __init__(self, control: socket.socket, fd_channel: socket.socket, init: WorkerInit) -> None:
+        self.control = control
+        self.fd_channel = fd_channel
+        self.init = init
+        self.seccomp_bpf = protocol.b64decode(init.seccomp_bpf_b64)
+        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.run_dirs: set[str] = set()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                message = protocol.recv_frame(self.control)
+            except EOFError:
+                return
+            op = message.pop("op")
+            if op == "run":
+                reply = self.run(protocol.run_request_from(message))
+                protocol.send_frame(self.control, {"op": "result", **protocol.to_json(reply)})
+            elif op == "download":
+                files, missing = self._collect(message["dir_id"], message["paths"])
+                protocol.send_frame(self.control, {"op": "files", "files": files, "missing": missing})
+            elif op == "release":
+                self._release(message["dir_id"])
+                protocol.send_frame(
+                    self.control, {"op": "released", "fingerprint": fingerprint(frozenset(self.run_dirs))}
+                )
+            elif op == "shutdown":
+                return
+            else:
+                protocol.send_frame(self.control, {"op": "error", "error": f"unknown op {op!r}"})
+
+    def run(self, request: RunRequest) -> RunReply:
+        total_fds = sum(step.cgroup_fd_count for step in request.steps)
+        cgroup_fds = self._receive_fds(total_fds)
+        outcomes: list[StepOutcome] = []
+        try:
+            run_dir = self._prepare(request)
+            offset = 0
+            for step in request.steps:
+                fds = cgroup_fds[offset : offset + step.cgroup_fd_count]
+                offset += step.cgroup_fd_count
+                outcome = self._run_step(run_dir, step, fds)
+                outcomes.append(outcome)
+                failed = outcome.exit_code != 0 or outcome.timed_out or outcome.output_exceeded
+                if failed and request.stop_after_failure:
+                    break
+            files, missing = self._collect(request.dir_id, request.collect)
+        except Exception as error:
+            self._release(request.dir_id)
+            return RunReply(
+                outcomes,
+                {},
+                [],
+                fingerprint(frozenset(self.run_dirs)),
+                error=f"{type(error).__name__}: {error}",
+            )
+        finally:
+            for fd in cgroup_fds:
+                os.close(fd)
+        if not request.keep_dir:
+            self._release(request.dir_id)
+        return RunReply(outcomes, files, missing, fingerprint(frozenset(self.run_dirs)))
+
+    def _receive_fds(self, count: int) -> list[int]:
+        if count == 0:
+            return []
+        _, fds, _, _ = socket.recv_fds(self.fd_channel, 16, count)
+        if len(fds) != count:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"expected {count} cgroup descriptors, received {len(fds)}")
+        return fds
+
+    def _dir_path(self, dir_id: str) -> str:
+        if not dir_id or "/" in dir_id or dir_id.startswith("."):
+            raise ValueError(f"invalid run directory id {dir_id!r}")
+        return f"{STAGING}/{dir_id}"
+
+    def _prepare(self, request: RunRequest) -> str:
+        run_dir = self._dir_path(request.dir_id)
+        uid, gid = self.init.run_uid, self.init.run_gid
+        if request.dir_id not in self.run_dirs:
+            os.mkdir(run_dir, 0o700)
+            self.run_dirs.add(request.dir_id)
+            linux.mount(
+                "tmpfs",
+                run_dir,
+                "tmpfs",
+                Mount.NOSUID | Mount.NODEV,
+                f"size={request.disk_mib}m,mode=0755,nr_inodes=65536",
+            )
+            for name, mode in (("work", 0o755), ("tmp", 0o1777), ("shm", 0o1777), ("meta", 0o700)):
+                os.mkdir(f"{run_dir}/{name}", mode)
+                os.chmod(f"{run_dir}/{name}", mode)
+                if name != "meta":
+                    os.chown(f"{run_dir}/{name}", uid, gid)
+        work = f"{run_dir}/work"
+        for relative, content in request.files.items():
+            target = _inside(work, relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as handle:
+                handle.write(protocol.b64decode(content))
+            os.chown(target, uid, gid)
+            parent = os.path.dirname(target)
+            while parent != work:
+                os.chown(parent, uid, gid)
+                parent = os.path.dirname(parent)
+        return run_dir
+
+    def _collect(self, dir_id: str, paths: list[str]) -> tuple[dict[str, str], list[str]]:
+        work = f"{self._dir_path(dir_id)}/work"
+        files: dict[str, str] = {}
+        missing: list[str] = []
+        for relative in paths:
+            target = _inside(work, relative)
+            try:
+                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                missing.append(relative)
+                continue
+            with os.fdopen(fd, "rb") as handle:
+                if not os.path.isfile(target):
+                    missing.append(relative)
+                    continue
+                files[relative] = protocol.b64encode(handle.read())
+        return files, missing
+
+    def _release(self, dir_id: str) -> None:
+        if dir_id not in self.run_dirs:
+            return
+        run_dir = self._dir_path(dir_id)
+        linux.umount(run_dir, MNT_DETACH)
+        os.rmdir(run_dir)
+        self.run_dirs.discard(dir_id)
+
+    def _run_step(self, run_dir: str, step: StepRequest, cgroup_fds: list[int]) -> StepOutcome:
+        with open(f"{run_dir}/meta/stdin", "wb") as handle:
+            handle.write(protocol.b64decode(step.stdin_b64))
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        plan = ChildPlan(
+            run_dir=run_dir,
+            workdir=self.init.workdir,
+            argv=step.argv,
+            inline_python=step.inline_python,
+            env=step.env,
+            uid=self.init.run_uid,
+            gid=self.init.run_gid,
+            cgroup_fds=cgroup_fds,
+            stdout_fd=out_w,
+            stderr_fd=err_w,
+            status_fd=status_w,
+            seccomp_bpf=self.seccomp_bpf,
+            cpu_time_limit_s=step.cpu_time_limit_s,
+            open_files_max=step.open_files_max,
+            file_size_max_bytes=step.file_size_max_bytes,
+        )
+        started = time.perf_counter()
+        linux.unshare(Clone.NEWPID)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                run_child(plan)
+        finally:
+            linux.setns(self.own_pid_ns, Clone.NEWPID)
+        for fd in (out_w, err_w, status_w):
+            os.close(fd)
+        return self._supervise(pid, started, step, out_r, err_r, status_r)
+
+    def _supervise(
+        self, pid: int, started: float, step: StepRequest, out_r: int, err_r: int, status_r: int
+    ) -> StepOutcome:
+        pidfd = os.pidfd_open(pid)
+        deadline = started + step.timeout_s
+        streams = {out_r: bytearray(), err_r: bytearray()}
+        truncated = {out_r: False, err_r: False}
+        setup_error = bytearray()
+        timed_out = output_exceeded = exited = False
+        poller = select.poll()
+        for fd in (out_r, err_r, status_r, pidfd):
+            poller.register(fd, select.POLLIN)
+        open_fds = {out_r, err_r, status_r}
+        try:
+            while open_fds or not exited:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0 and not timed_out and not exited:
+                    timed_out = True
+                    _kill(pid)
+                wait_ms = 1000 if timed_out else max(remaining, 0.0) * 1000
+                for fd, _ in poller.poll(wait_ms):
+                    if fd == pidfd:
+                        exited = True
+                        poller.unregister(pidfd)
+                        continue
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                    elif fd == status_r:
+                        setup_error += chunk
+                    else:
+                        room = step.output_limit_bytes - len(streams[fd])
+                        if len(chunk) <= room:
+                            streams[fd] += chunk
+                            continue
+                        streams[fd] += chunk[: max(room, 0)]
+                        truncated[fd] = True
+                        if not output_exceeded:
+                            output_exceeded = True
+                            _kill(pid)
+        finally:
+            for fd in (out_r, err_r, status_r, pidfd):
+                os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        wall_ms = (time.perf_counter() - started) * 1000
+        exit_code = os.waitstatus_to_exitcode(status)
+        return StepOutcome(
+            exit_code=exit_code if exit_code >= 0 else None,
+            signal=-exit_code if exit_code < 0 else None,
+            timed_out=timed_out,
+            output_exceeded=output_exceeded,
+            stdout_b64=protocol.b64encode(bytes(streams[out_r])),
+            stderr_b64=protocol.b64encode(bytes(streams[err_r])),
+            stdout_truncated=truncated[out_r],
+            stderr_truncated=truncated[err_r],
+            wall_ms=wall_ms,
+            setup_error=setup_error.decode(errors="replace") if setup_error else None,
+        )
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _inside(base: str, relative: str) -> str:
+    """Resolve `relative` under `base`, refusing absolute paths and `..` escapes."""
+    if relative.startswith("/") or not relative:
+        raise ValueError(f"file path {relative!r} must be relative to the working directory")
+    target = os.path.normpath(os.path.join(base, relative))
+    if not target.startswith(base + "/"):
+        raise ValueError(f"file path {relative!r} escapes the working directory")
+    return target
+
+
+def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: WorkerInit) -> None:
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    linux.set_process_name("tether-zygote")
+    try:
+        socket.sethostname("sandbox")
+        build_root(init.skeleton_dir, init.readonly_paths, init.device_nodes, init.workdir)
+        if init.loopback_up:
+            _bring_loopback_up()
+        for module in init.preload_modules:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
+        zygote = Zygote(control, fd_channel, init)
+        # Objects that exist now are never collected, so forked runs do not copy their pages to scan them.
+        gc.freeze()
+    except Exception:
+        protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
+        return
+    protocol.send_frame(control, {"op": "ready", "fingerprint": fingerprint()})
+    zygote.serve()
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    fd_channel = socket.socket(fileno=int(sys.argv[2]))
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    init = WorkerInit(**protocol.recv_frame(control))
+    try:
+        linux.unshare(WORKER_NAMESPACES)
+    except OSError as error:
+        protocol.send_frame(control, {"op": "error", "error": str(error)})
+        sys.exit(1)
+    protocol.send_frame(control, {"op": "map_ids"})
+    if protocol.recv_frame(control).get("op") != "ids_mapped":
+        sys.exit(1)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            _zygote_main(control, fd_channel, init)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    control.close()
+    fd_channel.close()
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+if __name__ == "__main__":
+    main()
