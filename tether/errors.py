@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 
 class TetherError(Exception):
@@ -13,13 +13,16 @@ class ConfigError(TetherError, ValueError):
     """A configuration value (file, environment, flag or request) is unknown or invalid."""
 
 
-def describe_validation_error(error: ValidationError, source: str) -> str:
+def describe_validation_error(
+    error: ValidationError, source: str, model: type[BaseModel] | None = None
+) -> str:
     """One line per problem: `source: key = value: what is accepted`."""
     lines = []
     for problem in error.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "(root)"
         if problem["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key {key!r} (value {problem['input']!r})")
+            known = f"; known keys: {', '.join(sorted(model.model_fields))}" if model is not None else ""
+            lines.append(f"{source}: unknown key {key!r} (value {problem['input']!r}){known}")
         else:
             lines.append(f"{source}: {key} = {problem['input']!r}: {problem['msg']}")
     return "\n".join(lines)

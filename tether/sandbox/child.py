@@ -1,7 +1,9 @@
 """What a freshly forked run process does before the untrusted code starts, and the warm Python runner.
 
 The process arrives here as PID 1 of a new PID namespace (so every process it leaves behind dies with
-it). It takes its own mount and IPC namespaces, binds its run directory as the only writable space,
+it), forked by the worker's fork server (`zygote.py`) with its plan in a memfd. It starts a session of
+its own (so that `kill(0, ...)` cannot reach the host's process group, which holds every other run),
+takes its own mount and IPC namespaces, binds its run directory as the only writable space,
 joins its cgroups, drops to the unprivileged run user, locks itself with no_new_privs and seccomp, and
 then either execs the program or, for warm Python, runs the script in this already-initialised
 interpreter. It never returns: every path ends in exec or `os._exit`.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
 import os
 import resource
 import signal
@@ -47,6 +50,39 @@ class ChildPlan:
     file_size_max_bytes: int
 
 
+# What crosses to the fork server as data; descriptors travel beside it and the filter is already there.
+_DATA_FIELDS = (
+    "run_dir",
+    "workdir",
+    "argv",
+    "inline_python",
+    "env",
+    "uid",
+    "gid",
+    "cpu_time_limit_s",
+    "open_files_max",
+    "file_size_max_bytes",
+)
+
+
+def encode_plan(plan: ChildPlan) -> tuple[bytes, list[int]]:
+    """The plan as bytes plus the descriptors that must travel with it (by SCM_RIGHTS)."""
+    data = json.dumps({name: getattr(plan, name) for name in _DATA_FIELDS}).encode()
+    return data, [plan.stdout_fd, plan.stderr_fd, plan.status_fd, *plan.cgroup_fds]
+
+
+def decode_plan(data: bytes, fds: list[int], seccomp_bpf: bytes) -> ChildPlan:
+    stdout_fd, stderr_fd, status_fd, *cgroup_fds = fds
+    return ChildPlan(
+        **json.loads(data),
+        cgroup_fds=cgroup_fds,
+        stdout_fd=stdout_fd,
+        stderr_fd=stderr_fd,
+        status_fd=status_fd,
+        seccomp_bpf=seccomp_bpf,
+    )
+
+
 def _enter_run_view(plan: ChildPlan) -> None:
     # The worker's mounts are private already, and binds inherit the run tmpfs's nosuid/nodev.
     linux.unshare(Clone.NEWNS | Clone.NEWIPC)
@@ -56,6 +92,9 @@ def _enter_run_view(plan: ChildPlan) -> None:
 
 
 def _lock_down(plan: ChildPlan) -> None:
+    # The fork inherits the host's process group, shared by every run of every worker under the same
+    # uid: without a session of its own, kill(0, SIGKILL) (kill(getppid()) here) would reach them all.
+    os.setsid()
     for fd in plan.cgroup_fds:
         os.write(fd, b"0")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -51,7 +51,7 @@ def spec_from_mapping(data: dict[str, Any], source: str) -> SandboxSpec:
     try:
         return SandboxSpec.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, source)) from None
+        raise ConfigError(describe_validation_error(error, source, SandboxSpec)) from None
 
 
 def load_spec(path: Path) -> SandboxSpec:

@@ -6,6 +6,10 @@ uid/gid maps, and forks the zygote, PID 1 of the worker's PID namespace, so that
 (or the host dying) takes every run with it. The zygote preloads the standard library, then serves run
 requests one at a time: each run gets a fresh tmpfs, PID/mount/IPC namespaces and the cgroups the host
 passed in. It never decides a run's status: it reports raw outcomes, the host classifies them.
+
+Runs are not forked from the zygote but from its fork server, a copy taken before the first request:
+the zygote's heap keeps remnants of every run it served (code, stdin, files, output), and a warm
+Python run can read all the memory it inherits. The fork server only ever receives descriptors.
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ import time
 import traceback
 
 from tether.sandbox import linux, protocol
-from tether.sandbox.child import ChildPlan, run_child
+from tether.sandbox.child import SETUP_FAILED_EXIT, ChildPlan, decode_plan, encode_plan, run_child
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
 
 WORKER_NAMESPACES = Clone.NEWUSER | Clone.NEWNS | Clone.NEWNET | Clone.NEWIPC | Clone.NEWUTS | Clone.NEWPID
 _READ_CHUNK = 65536
+_MAX_RUN_FDS = 16
+_WAIT_STATUS = struct.Struct("=i")
 
 
 def _bring_loopback_up() -> None:
@@ -68,12 +74,13 @@ def fingerprint(kept_dirs: frozenset[str] = frozenset()) -> str:
 
 
 class Zygote:
-    def __init__(self, control: socket.socket, fd_channel: socket.socket, init: WorkerInit) -> None:
+    def __init__(
+        self, control: socket.socket, fd_channel: socket.socket, init: WorkerInit, forker: socket.socket
+    ) -> None:
         self.control = control
         self.fd_channel = fd_channel
         self.init = init
-        self.seccomp_bpf = protocol.b64decode(init.seccomp_bpf_b64)
-        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.forker = forker
         self.run_dirs: set[str] = set()
 
     def serve(self) -> None:
@@ -221,27 +228,39 @@ class Zygote:
             stdout_fd=out_w,
             stderr_fd=err_w,
             status_fd=status_w,
-            seccomp_bpf=self.seccomp_bpf,
+            seccomp_bpf=b"",
             cpu_time_limit_s=step.cpu_time_limit_s,
             open_files_max=step.open_files_max,
             file_size_max_bytes=step.file_size_max_bytes,
         )
+        data, fds = encode_plan(plan)
+        plan_fd = os.memfd_create("tether-plan", os.MFD_CLOEXEC)
         started = time.perf_counter()
-        linux.unshare(Clone.NEWPID)
         try:
-            pid = os.fork()
-            if pid == 0:
-                run_child(plan)
+            os.write(plan_fd, data)
+            socket.send_fds(self.forker, [b"f"], [plan_fd, *fds])
         finally:
-            linux.setns(self.own_pid_ns, Clone.NEWPID)
-        for fd in (out_w, err_w, status_w):
-            os.close(fd)
-        return self._supervise(pid, started, step, out_r, err_r, status_r)
+            for fd in (plan_fd, out_w, err_w, status_w):
+                os.close(fd)
+        try:
+            pidfd = self._receive_pidfd()
+        except BaseException:
+            for fd in (out_r, err_r, status_r):
+                os.close(fd)
+            raise
+        return self._supervise(pidfd, started, step, out_r, err_r, status_r)
+
+    def _receive_pidfd(self) -> int:
+        message, fds, _, _ = socket.recv_fds(self.forker, 16, 1)
+        if message != b"p" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the fork server did not start the run")
+        return fds[0]
 
     def _supervise(
-        self, pid: int, started: float, step: StepRequest, out_r: int, err_r: int, status_r: int
+        self, pidfd: int, started: float, step: StepRequest, out_r: int, err_r: int, status_r: int
     ) -> StepOutcome:
-        pidfd = os.pidfd_open(pid)
         deadline = started + step.timeout_s
         streams = {out_r: bytearray(), err_r: bytearray()}
         truncated = {out_r: False, err_r: False}
@@ -256,7 +275,7 @@ class Zygote:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0 and not timed_out and not exited:
                     timed_out = True
-                    _kill(pid)
+                    _kill(pidfd)
                 wait_ms = 1000 if timed_out else max(remaining, 0.0) * 1000
                 for fd, _ in poller.poll(wait_ms):
                     if fd == pidfd:
@@ -278,11 +297,14 @@ class Zygote:
                         truncated[fd] = True
                         if not output_exceeded:
                             output_exceeded = True
-                            _kill(pid)
+                            _kill(pidfd)
         finally:
             for fd in (out_r, err_r, status_r, pidfd):
                 os.close(fd)
-        _, status = os.waitpid(pid, 0)
+        reply = self.forker.recv(16)
+        if len(reply) != _WAIT_STATUS.size:
+            raise RuntimeError("the fork server did not report the run's exit")
+        (status,) = _WAIT_STATUS.unpack(reply)
         wall_ms = (time.perf_counter() - started) * 1000
         exit_code = os.waitstatus_to_exitcode(status)
         return StepOutcome(
@@ -299,9 +321,68 @@ class Zygote:
         )
 
 
-def _kill(pid: int) -> None:
+def _kill(pidfd: int) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+def _start_fork_server(seccomp_bpf: bytes, inherited: list[socket.socket]) -> socket.socket:
+    """Fork the process runs are forked from, now, while this heap holds nothing of any run."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for sock in (ours, *inherited):
+                sock.close()
+            linux.set_process_name("tether-forker")
+            _serve_forks(theirs, seccomp_bpf)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    theirs.close()
+    return ours
+
+
+def _serve_forks(channel: socket.socket, seccomp_bpf: bytes) -> None:
+    """For each request, fork a run as PID 1 of a new PID namespace; answer its pidfd, then its exit.
+
+    A request is one byte carrying descriptors: the plan's memfd, then the run's own. The plan is read
+    by the forked child, never here, so nothing a run sends or prints reaches this process's memory.
+    """
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    while True:
+        _, fds, _, _ = socket.recv_fds(channel, 1, _MAX_RUN_FDS)
+        if not fds:
+            return
+        linux.unshare(Clone.NEWPID)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _become_run(fds, seccomp_bpf)
+        finally:
+            linux.setns(own_pid_ns, Clone.NEWPID)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(channel, [b"p"], [pidfd])
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        channel.send(_WAIT_STATUS.pack(status))
+
+
+def _become_run(fds: list[int], seccomp_bpf: bytes) -> None:
+    try:
+        plan_fd, *run_fds = fds
+        data = bytearray()
+        while chunk := os.pread(plan_fd, _READ_CHUNK, len(data)):
+            data += chunk
+        os.close(plan_fd)
+        plan = decode_plan(bytes(data), run_fds, seccomp_bpf)
+    except BaseException:
+        os._exit(SETUP_FAILED_EXIT)
+    run_child(plan)
 
 
 def _inside(base: str, relative: str) -> str:
@@ -315,19 +396,21 @@ def _inside(base: str, relative: str) -> str:
 
 
 def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: WorkerInit) -> None:
-    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     linux.set_process_name("tether-zygote")
     try:
         socket.sethostname("sandbox")
         build_root(init.skeleton_dir, init.readonly_paths, init.device_nodes, init.workdir)
+        # Only now: changing credentials (build_root switches to the namespace root) clears the setting.
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if init.loopback_up:
             _bring_loopback_up()
         for module in init.preload_modules:
             with contextlib.suppress(ImportError):
                 importlib.import_module(module)
-        zygote = Zygote(control, fd_channel, init)
         # Objects that exist now are never collected, so forked runs do not copy their pages to scan them.
         gc.freeze()
+        forker = _start_fork_server(protocol.b64decode(init.seccomp_bpf_b64), [control, fd_channel])
+        zygote = Zygote(control, fd_channel, init, forker)
     except Exception:
         protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
         return

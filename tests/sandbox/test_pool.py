@@ -1,0 +1,196 @@
+"""SandboxPool behaviour on the real kernel: languages, statuses, limits, files, QC and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+
+import pytest
+
+from tether.errors import ConfigError
+from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
+from tether.sandbox.cgroups import CgroupStats
+from tether.sandbox.protocol import StepOutcome
+from tether.sandbox.result import classify
+
+HELLO = {
+    "python": "print('hello', 6 * 7)",
+    "bash": "echo hello $((6 * 7))",
+    "c": '#include <stdio.h>\nint main(void) { printf("hello %d\\n", 6 * 7); return 0; }',
+    "cpp": '#include <iostream>\nint main() { std::cout << "hello " << 6 * 7 << std::endl; }',
+    "javascript": "console.log('hello', 6 * 7)",
+}
+
+
+@pytest.mark.parametrize("language", sorted(HELLO))
+async def test_every_language_runs(pool: SandboxPool, language: str) -> None:
+    result = await pool.run(HELLO[language], language=language)
+    assert result.status is RunStatus.OK, result
+    assert result.stdout == "hello 42\n"
+    assert result.exit_code == 0
+    assert result.qc == "passed"
+    assert result.wall_ms > 0 and result.cpu_ms > 0 and result.peak_memory_kib > 0
+
+
+@pytest.mark.parametrize(("language", "code"), [("c", "int main( {"), ("cpp", "int main() { undefined(); }")])
+async def test_compile_errors_have_their_own_status(pool: SandboxPool, language: str, code: str) -> None:
+    result = await pool.run(code, language=language)
+    assert result.status is RunStatus.COMPILE_ERROR
+    assert result.compile is not None and result.compile.exit_code != 0
+    assert "error" in result.compile.stderr
+
+
+async def test_stdin_reaches_the_program(pool: SandboxPool) -> None:
+    result = await pool.run(
+        "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", stdin="1 2 3\n"
+    )
+    assert result.stdout == "6\n"
+
+
+async def test_files_are_uploaded_and_collected(pool: SandboxPool) -> None:
+    code = "data = open('in/data.txt').read()\nopen('out.bin', 'wb').write(data.upper().encode())"
+    result = await pool.run(code, files={"in/data.txt": "abc"}, collect=["out.bin", "absent.txt"])
+    assert result.status is RunStatus.OK, result
+    assert base64.b64decode(result.files["out.bin"]) == b"ABC"
+    assert result.missing_files == ["absent.txt"]
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "stderr_part"),
+    [
+        ("raise ValueError('boom')", 1, "ValueError: boom"),
+        ("import sys\nsys.exit(3)", 3, ""),
+        ("import sys\nsys.exit('bye')", 1, "bye"),
+        ("def f(): return f()\nf()", 1, "RecursionError"),
+    ],
+)
+@pytest.mark.parametrize("warm", [True, False])
+async def test_python_failures_match_a_real_interpreter(
+    pool: SandboxPool, code: str, exit_code: int, stderr_part: str, warm: bool
+) -> None:
+    result = await pool.run(code, warm=warm)
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert result.exit_code == exit_code
+    assert stderr_part in result.stderr
+
+
+async def test_warm_python_runs_as_main_with_a_fresh_namespace(pool: SandboxPool) -> None:
+    first = await pool.run("import sys\nsys.modules['json'].LEAK = 1\nX = 5\nprint(__name__)")
+    second = await pool.run("import json\nprint(hasattr(json, 'LEAK'), 'X' in globals(), __file__)")
+    assert first.stdout == "__main__\n"
+    assert second.stdout == "False False /workspace/main.py\n"
+
+
+async def test_crash_by_signal_is_a_runtime_error(pool: SandboxPool) -> None:
+    result = await pool.run("int main(void) { volatile int *p = 0; return *p; }", language="c")
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert result.signal == signal.SIGSEGV
+
+
+async def test_timeout_stops_the_run_at_the_limit(pool: SandboxPool) -> None:
+    result = await pool.run(
+        "import time\nprint('start', flush=True)\ntime.sleep(60)", spec=SandboxSpec(timeout_s=1)
+    )
+    assert result.status is RunStatus.TIMEOUT
+    assert result.stdout == "start\n"
+    assert 900 <= result.wall_ms < 5000
+
+
+async def test_memory_limit_is_classified_from_the_oom_counter(pool: SandboxPool) -> None:
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(8 << 20))"
+    result = await pool.run(code, spec=SandboxSpec(memory_mib=64))
+    assert result.status is RunStatus.MEMORY_LIMIT
+    assert result.peak_memory_kib >= 60 * 1024
+
+
+async def test_output_limit_truncates_and_flags(pool: SandboxPool) -> None:
+    result = await pool.run("while True:\n    print('x' * 1000)", spec=SandboxSpec(output_limit_kib=16))
+    assert result.status is RunStatus.OUTPUT_LIMIT
+    assert result.stdout_truncated
+    assert len(result.stdout) == 16 * 1024
+
+
+async def test_unknown_language_names_the_accepted_ones(pool: SandboxPool) -> None:
+    with pytest.raises(ConfigError, match="language 'cobol' is not supported; accepted: bash, c, cpp"):
+        await pool.run("DISPLAY 'x'", language="cobol")
+
+
+async def test_runs_are_concurrent_up_to_the_slots(pool: SandboxPool) -> None:
+    started = asyncio.get_running_loop().time()
+    results = await asyncio.gather(*(pool.run("import time\ntime.sleep(0.5)") for _ in range(2)))
+    elapsed = asyncio.get_running_loop().time() - started
+    assert all(r.status is RunStatus.OK for r in results)
+    assert elapsed < 0.95
+
+
+async def test_a_failed_quality_check_discards_the_worker(pool: SandboxPool) -> None:
+    victim = pool._idle[-1]
+    victim.baseline_fingerprint = "tampered"
+    result = await pool.run("print(1)")
+    assert result.qc == "failed"
+    assert "fingerprint" in result.qc_detail[0]
+    await asyncio.sleep(0.5)
+    assert pool.workers_replaced == 1
+    assert victim not in pool._idle
+    after = await asyncio.gather(*(pool.run("print(2)") for _ in range(4)))
+    assert all(r.status is RunStatus.OK and r.qc == "passed" for r in after)
+
+
+async def test_a_dead_worker_is_reported_and_replaced(pool: SandboxPool) -> None:
+    victim = pool._idle[-1]
+    assert victim.process is not None
+    os.kill(victim.process.pid, signal.SIGKILL)
+    await victim.process.wait()
+    result = await pool.run("print(1)")
+    assert result.status is RunStatus.SANDBOX_ERROR
+    assert result.qc == "failed"
+    await asyncio.sleep(0.5)
+    assert (await pool.run("print(3)")).stdout == "3\n"
+
+
+async def test_pool_refuses_bad_config() -> None:
+    with pytest.raises(ConfigError, match="slots = 0"):
+        PoolConfig(slots=0)
+    with pytest.raises(ConfigError, match="host_uid_base = 0"):
+        PoolConfig(host_uid_base=0)
+
+
+def _outcome(**changes: object) -> StepOutcome:
+    fields: dict[str, object] = {
+        "exit_code": 0,
+        "signal": None,
+        "timed_out": False,
+        "output_exceeded": False,
+        "stdout_b64": "",
+        "stderr_b64": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "wall_ms": 1.0,
+    }
+    fields.update(changes)
+    return StepOutcome(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "oom_kills", "expected"),
+    [
+        (_outcome(), 0, RunStatus.OK),
+        (_outcome(exit_code=2), 0, RunStatus.RUNTIME_ERROR),
+        (_outcome(exit_code=None, signal=signal.SIGKILL), 1, RunStatus.MEMORY_LIMIT),
+        (_outcome(exit_code=0), 1, RunStatus.MEMORY_LIMIT),
+        (_outcome(exit_code=None, signal=signal.SIGKILL, timed_out=True), 0, RunStatus.TIMEOUT),
+        (_outcome(exit_code=None, signal=signal.SIGXCPU), 0, RunStatus.TIMEOUT),
+        (_outcome(exit_code=None, signal=signal.SIGKILL, output_exceeded=True), 0, RunStatus.OUTPUT_LIMIT),
+        (_outcome(exit_code=None, signal=signal.SIGKILL), 0, RunStatus.KILLED),
+        (_outcome(exit_code=None, signal=signal.SIGSEGV), 0, RunStatus.RUNTIME_ERROR),
+        (_outcome(exit_code=125, setup_error="mount: EPERM"), 0, RunStatus.SANDBOX_ERROR),
+    ],
+)
+def test_classification_rules(outcome: StepOutcome, oom_kills: int, expected: RunStatus) -> None:
+    assert classify(outcome, CgroupStats(1.0, 100, oom_kills)) is expected
+
+
+def test_failed_compile_is_a_compile_error() -> None:
+    assert classify(_outcome(exit_code=1), CgroupStats(1.0, 1, 0), is_compile=True) is RunStatus.COMPILE_ERROR

@@ -1,0 +1,57 @@
+"""Sessions keep a working directory across runs, release it on close, and expire when idle."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
+from tether.sandbox.session import SessionClosed
+
+
+async def test_session_keeps_its_directory_across_runs(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        first = await session.run("open('state.txt', 'w').write('42')")
+        second = await session.run("cat state.txt", language="bash")
+        assert first.status is RunStatus.OK and second.stdout == "42"
+        assert first.qc == second.qc == "passed"
+
+
+async def test_upload_and_download(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        await session.upload({"data/in.txt": "hello", "raw.bin": b"\x00\x01"})
+        result = await session.run("tr a-z A-Z < data/in.txt > out.txt; wc -c < raw.bin", language="bash")
+        assert result.stdout.strip() == "2"
+        assert await session.download(["out.txt"]) == {"out.txt": b"HELLO"}
+        with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
+            await session.download(["missing.txt"])
+
+
+async def test_session_files_are_invisible_to_other_runs(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        await session.upload({"secret.txt": "s3cr3t"})
+        other = await pool.run("import os\nprint(sorted(os.listdir('.')), os.path.exists('secret.txt'))")
+        assert other.stdout == "['main.py'] False\n"
+
+
+async def test_closed_session_returns_its_worker(pool: SandboxPool) -> None:
+    session = await pool.open_session()
+    assert pool.busy_slots == 1
+    await session.close()
+    assert pool.busy_slots == 0
+    assert session.closed
+    with pytest.raises(SessionClosed):
+        await session.run("print(1)")
+    with pytest.raises(SessionClosed):
+        pool.get_session(session.id)
+    assert pool.workers_replaced == 0
+
+
+async def test_idle_sessions_expire() -> None:
+    config = PoolConfig(slots=1, session_idle_timeout_s=0.3)
+    async with SandboxPool(SandboxSpec(timeout_s=5), config) as pool:
+        session = await pool.open_session()
+        await asyncio.sleep(1.2)
+        assert session.closed
+        assert (await pool.run("print('free')")).stdout == "free\n"

@@ -1,0 +1,61 @@
+"""What every command shares: the loaded settings, error reporting and JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from tether.config import TetherSettings, load_settings
+from tether.errors import TetherError
+from tether.sandbox.pool import PoolConfig, SandboxUnavailable
+
+err_console = Console(stderr=True)
+
+
+@dataclass(slots=True)
+class CliState:
+    config_file: Path | None = None
+
+    def settings(self, flags: dict[str, Any] | None = None) -> TetherSettings:
+        return load_settings(self.config_file, flags=flags)
+
+
+def state(ctx: typer.Context) -> CliState:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, CliState) else CliState()
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors a user can cause into one clear message and a non-zero exit."""
+    try:
+        yield
+    except (TetherError, SandboxUnavailable, FileNotFoundError) as error:
+        fail(str(error))
+
+
+def print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=None, default=str) + "\n")
+
+
+def pool_config(settings: TetherSettings, slots: int | None = None, insecure: bool = False) -> PoolConfig:
+    sandbox = settings.sandbox
+    return PoolConfig(
+        slots=slots or sandbox.slots,
+        host_uid_base=sandbox.host_uid_base,
+        insecure=insecure or sandbox.insecure,
+        session_idle_timeout_s=sandbox.session_idle_timeout_s,
+    )

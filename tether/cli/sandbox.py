@@ -1,0 +1,245 @@
+"""`tether sandbox ...`: run code, serve the sandbox over HTTP, probe the kernel, check and benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tether.cli.common import err_console, fail, pool_config, print_json, state, user_errors
+from tether.sandbox.bench import run_benchmark
+from tether.sandbox.doctor import run_checks
+from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
+from tether.sandbox.pool import SandboxPool
+from tether.sandbox.result import RunStatus
+from tether.sandbox.spec import SandboxSpec, load_spec
+
+app = typer.Typer(help="Isolated execution of untrusted code.", no_args_is_help=True)
+console = Console()
+
+SpecOption = Annotated[Path | None, typer.Option("--spec", help="TOML or YAML file with SandboxSpec limits.")]
+InsecureOption = Annotated[bool, typer.Option("--insecure", help="Start even without cgroups or seccomp.")]
+SlotsOption = Annotated[int | None, typer.Option("--slots", min=1, help="Concurrent runs (warm workers).")]
+
+
+def _spec(ctx: typer.Context, spec_file: Path | None) -> SandboxSpec:
+    with user_errors():
+        return load_spec(spec_file) if spec_file else state(ctx).settings().sandbox.spec
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+@app.command("run")
+def run_command(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help="Program file, or '-' for standard input.")] = "-",
+    language: Annotated[
+        str, typer.Option("--language", "-l", help="python, bash, c, cpp or javascript.")
+    ] = "python",
+    spec_file: SpecOption = None,
+    stdin_file: Annotated[
+        Path | None, typer.Option("--stdin", help="File fed to the program's stdin.")
+    ] = None,
+    upload: Annotated[
+        list[str] | None, typer.Option("--file", help="NAME=PATH placed in the workdir.")
+    ] = None,
+    collect: Annotated[list[str] | None, typer.Option("--collect", help="Workdir file to return.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Exec a new interpreter, not the warm one.")] = False,
+    insecure: InsecureOption = False,
+) -> None:
+    """Run one program and print its result as a JSON object (exit 0 whenever the sandbox worked)."""
+    spec = _spec(ctx, spec_file)
+    with user_errors():
+        code = sys.stdin.read() if source == "-" else Path(source).read_text()
+        stdin = stdin_file.read_bytes() if stdin_file else b""
+        files: dict[str, str | bytes] = {}
+        for item in upload or []:
+            name, sep, path = item.partition("=")
+            if not sep or not name:
+                fail(f"--file {item!r}: expected NAME=PATH")
+            files[name] = Path(path).read_bytes()
+        config = pool_config(state(ctx).settings(), slots=1, insecure=insecure)
+
+        async def go() -> Any:
+            async with SandboxPool(spec, config) as pool:
+                return await pool.run(
+                    code, language=language, stdin=stdin, files=files, collect=collect or [], warm=not fresh
+                )
+
+        result = asyncio.run(go())
+    print_json(result.model_dump(mode="json"))
+    if result.status is RunStatus.SANDBOX_ERROR:
+        raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8080,
+    spec_file: SpecOption = None,
+    slots: SlotsOption = None,
+    insecure: InsecureOption = False,
+) -> None:
+    """Serve the sandbox over HTTP: SandboxFusion's /run_code, sessions, /healthz, /metrics."""
+    from tether.sandbox.server import serve
+
+    spec = _spec(ctx, spec_file)
+    with user_errors():
+        serve(host, port, spec, pool_config(state(ctx).settings(), slots=slots, insecure=insecure))
+
+
+@app.command("doctor")
+def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Probe the kernel for every isolation primitive the sandbox needs."""
+    checks = run_checks()
+    if as_json:
+        print_json([{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
+    else:
+        table = Table(title="sandbox doctor")
+        for column in ("primitive", "status", "detail"):
+            table.add_column(column)
+        for check in checks:
+            table.add_row(check.name, "[green]ok[/]" if check.ok else "[red]missing[/]", check.detail)
+        console.print(table)
+    missing = [c.name for c in checks if not c.ok and c.required]
+    if missing:
+        err_console.print(
+            f"missing: {', '.join(missing)}; the sandbox refuses to start without them "
+            "unless --insecure is given (and then runs without that protection)"
+        )
+        raise typer.Exit(1)
+
+
+async def _humaneval(
+    spec: SandboxSpec, slots: int, mutate: bool, show_progress: bool, insecure: bool, ctx: typer.Context
+) -> HumanEvalReport:
+    problems = load_problems()
+    config = pool_config(state(ctx).settings(), slots=slots, insecure=insecure)
+    async with SandboxPool(spec, config) as pool:
+        if not show_progress:
+            return await run_humaneval(pool, problems, mutate)
+        with _progress() as progress:
+            task = progress.add_task("HumanEval" + (" (mutated)" if mutate else ""), total=len(problems))
+            return await run_humaneval(pool, problems, mutate, on_done=lambda _: progress.advance(task))
+
+
+def humaneval_table(reports: list[HumanEvalReport]) -> Table:
+    table = Table(title="HumanEval canonical solutions through the sandbox")
+    for column in ("variant", "passed", "total", "wall s"):
+        table.add_column(column, justify="right")
+    for report in reports:
+        table.add_row(
+            "mutated (return None)" if report.mutated else "canonical",
+            str(report.passed),
+            str(report.total),
+            f"{report.wall_s:.2f}",
+        )
+    return table
+
+
+@app.command("humaneval")
+def humaneval_command(
+    ctx: typer.Context,
+    mutate: Annotated[
+        bool, typer.Option("--mutate", help="Replace each solution body with `return None`.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    slots: SlotsOption = None,
+    spec_file: SpecOption = None,
+    insecure: InsecureOption = False,
+) -> None:
+    """Run HumanEval's 164 canonical solutions with their tests through the sandbox."""
+    spec = _spec(ctx, spec_file)
+    with user_errors():
+        settings = state(ctx).settings()
+        report = asyncio.run(
+            _humaneval(spec, slots or 2 * settings.sandbox.slots, mutate, not as_json, insecure, ctx)
+        )
+    if as_json:
+        print_json(report.summary())
+    else:
+        console.print(humaneval_table([report]))
+    if not mutate and report.passed != report.total:
+        failed = [o.task_id for o in report.outcomes if not o.passed]
+        err_console.print(f"failed: {', '.join(failed)}")
+        raise typer.Exit(1)
+
+
+async def _bench(
+    spec: SandboxSpec,
+    slots: int,
+    runs: int,
+    fresh_runs: int,
+    show_progress: bool,
+    insecure: bool,
+    ctx: typer.Context,
+) -> dict[str, object]:
+    config = pool_config(state(ctx).settings(), slots=slots, insecure=insecure)
+    async with SandboxPool(spec, config) as pool:
+        if not show_progress:
+            return await run_benchmark(pool, runs, fresh_runs)
+        with _progress() as progress:
+            task = progress.add_task("sandbox bench", total=runs + fresh_runs)
+            return await run_benchmark(pool, runs, fresh_runs, on_run=lambda: progress.advance(task))
+
+
+def bench_table(result: dict[str, object]) -> Table:
+    table = Table(
+        title=f"sandbox throughput: {result['snippet']} ({result['slots']} slots, {result['cpus']} CPUs)"
+    )
+    for column in ("mode", "exec/s", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        "warm pool", str(result["pool_exec_per_s"]), str(result["pool_p50_ms"]), str(result["pool_p99_ms"])
+    )
+    table.add_row(
+        "fresh python3",
+        str(result["fresh_exec_per_s"]),
+        str(result["fresh_p50_ms"]),
+        str(result["fresh_p99_ms"]),
+    )
+    table.add_row("speedup", f"{result['speedup']}x", "", "")
+    return table
+
+
+@app.command("bench")
+def bench_command(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    runs: Annotated[int, typer.Option("--runs", min=10, help="Warm-pool runs.")] = 1000,
+    fresh_runs: Annotated[int, typer.Option("--fresh-runs", min=10, help="Fresh-interpreter runs.")] = 200,
+    slots: SlotsOption = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON result here.")] = None,
+    insecure: InsecureOption = False,
+) -> None:
+    """Measure warm-pool throughput against a fresh python3 per run, with every isolation layer on."""
+    spec = _spec(ctx, None)
+    with user_errors():
+        settings = state(ctx).settings()
+        result = asyncio.run(
+            _bench(spec, slots or 2 * settings.sandbox.slots, runs, fresh_runs, not as_json, insecure, ctx)
+        )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+    else:
+        console.print(bench_table(result))

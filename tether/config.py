@@ -1,0 +1,170 @@
+"""Layered settings: defaults, then a TOML file, then `TETHER_*` environment variables, then flags.
+
+Each layer is a nested mapping; they are merged key by key and validated once, so an error names the
+key, the bad value, which layer it came from and what is accepted. Environment keys nest with a double
+underscore: `TETHER_SANDBOX__SPEC__TIMEOUT_S=5` sets `sandbox.spec.timeout_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.errors import ConfigError
+from tether.sandbox.spec import SandboxSpec
+
+ENV_PREFIX = "TETHER_"
+# Variables that steer tooling rather than configure tether; they never reach the settings model.
+NON_SETTING_ENV = frozenset({"TETHER_CONFIG", "TETHER_NO_SERVICES"})
+DEFAULT_CONFIG_FILE = Path("tether.toml")
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tether"
+
+
+class SandboxSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slots: int = Field(
+        default_factory=lambda: max(os.cpu_count() or 1, 1),
+        ge=1,
+        le=1024,
+        description="Concurrent runs (one warm worker each).",
+    )
+    host_uid_base: int = Field(
+        1_000_000, ge=65536, description="Unprivileged host uid of the sandbox's root."
+    )
+    insecure: bool = Field(False, description="Start even if cgroups or seccomp are missing.")
+    session_idle_timeout_s: float = Field(600.0, gt=0, description="Idle sessions are closed after this.")
+    spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Default limits of every run.")
+
+
+class TetherSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Models, datasets, caches.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+
+
+Layer = tuple[str, dict[str, Any]]
+
+
+def _merge(
+    base: dict[str, Any], overlay: Mapping[str, Any], source: str, origins: dict[str, str], prefix: str = ""
+) -> None:
+    for key, value in overlay.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value, source, origins, f"{path}.")
+        elif isinstance(value, Mapping):
+            base[key] = {}
+            _merge(base[key], value, source, origins, f"{path}.")
+        else:
+            base[key] = value
+            origins[path] = source
+
+
+def file_layer(path: Path) -> Layer:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+    return f"config file {path}", data
+
+
+def env_layer(environ: Mapping[str, str]) -> Layer:
+    data: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in NON_SETTING_ENV:
+            continue
+        keys = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if any(not key for key in keys):
+            raise ConfigError(f"environment variable {name}: empty key segment; nest with '__' between names")
+        value: Any = raw
+        if raw[:1] in "{[":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as error:
+                raise ConfigError(
+                    f"environment variable {name} = {raw!r} is not valid JSON: {error}"
+                ) from None
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another TETHER_ variable")
+        node[keys[-1]] = value
+    return "environment", data
+
+
+def flags_layer(flags: Mapping[str, Any]) -> Layer:
+    """Dotted keys (`sandbox.slots`) from command-line flags; None means the flag was not given."""
+    data: dict[str, Any] = {}
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return "command-line flag", data
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
+
+
+def build_settings(layers: list[Layer]) -> TetherSettings:
+    merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for source, data in layers:
+        _merge(merged, data, source, origins)
+    try:
+        return TetherSettings.model_validate(merged)
+    except ValidationError as error:
+        lines = []
+        for problem in error.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            origin = origins.get(key, "defaults")
+            if problem["type"] == "extra_forbidden":
+                known = ", ".join(_known_keys(TetherSettings, problem["loc"]))
+                lines.append(f"unknown setting {key!r} (from {origin}); known keys here: {known}")
+            else:
+                lines.append(f"setting {key} = {problem['input']!r} (from {origin}): {problem['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_settings(
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> TetherSettings:
+    """Settings from every layer. `config_file` falls back to $TETHER_CONFIG, then ./tether.toml."""
+    environ = os.environ if environ is None else environ
+    layers: list[Layer] = []
+    path = config_file or (Path(environ["TETHER_CONFIG"]) if environ.get("TETHER_CONFIG") else None)
+    if path is None and DEFAULT_CONFIG_FILE.is_file():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        layers.append(file_layer(path))
+    layers.append(env_layer(environ))
+    layers.append(flags_layer(flags or {}))
+    return build_settings(layers)

@@ -1,0 +1,520 @@
+"""HTTP front of one `SandboxPool`: tether's native API, SandboxFusion's `/run_code`, health and metrics.
+
+    POST /run_code                       SandboxFusion's request and response, field for field
+    POST /v1/run                         native: RunBody -> RunResult
+    POST /v1/sessions                    {"spec"?: {...}} -> 201 {"id": ...}
+    POST /v1/sessions/{id}/run           SessionRunBody -> RunResult
+    PUT  /v1/sessions/{id}/files         {"files": {path: base64}} -> 204
+    GET  /v1/sessions/{id}/files?path=a&path=b   -> {"files": {path: base64}}; any missing path -> 404
+    DELETE /v1/sessions/{id}             -> 204
+    GET  /healthz                        one trivial run through the pool: 200 or 503
+    GET  /metrics                        Prometheus text, from a registry owned by this app
+
+Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
+value. Code and stdin travel as UTF-8 text, files as base64. The pool knows nothing of HTTP and this
+module knows nothing of isolation; it validates, converts and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import os
+import posixpath
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from enum import StrEnum
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from tether.errors import ConfigError, TetherError, describe_validation_error
+from tether.sandbox.languages import lookup
+from tether.sandbox.pool import PoolConfig, SandboxPool
+from tether.sandbox.result import RunResult, RunStatus
+from tether.sandbox.session import SandboxSession, SessionClosed
+from tether.sandbox.spec import SandboxSpec
+
+# SandboxFusion language name -> tether language name. Their other languages are refused by name.
+FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class ApiError(Exception):
+    """A request the caller got wrong (or a thing it named that does not exist): becomes a 4xx."""
+
+    def __init__(self, status: int, message: str, kind: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.field = status, message, kind, field
+
+
+def error_response(status: int, message: str, kind: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "field": field}}, status_code=status)
+
+
+# ---- native schema -------------------------------------------------------------------------------------
+
+
+class SessionRunBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(description="Program source, UTF-8 text.")
+    language: str = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
+    stdin: str = Field("", description="Standard input, UTF-8 text.")
+    files: dict[str, str] = Field(default_factory=dict, description="Path (relative) -> base64 content.")
+    collect: list[str] = Field(default_factory=list, description="Relative paths to return after the run.")
+    spec: dict[str, Any] | None = Field(None, description="SandboxSpec fields overriding the pool's spec.")
+
+
+class RunBody(SessionRunBody):
+    warm: bool = Field(True, description="Run Python in a forked, preloaded interpreter.")
+    client: str = Field("", description="Fair-queue identity: clients are served round-robin.")
+
+
+class SessionOpenBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] | None = None
+
+
+class UploadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    files: dict[str, str] = Field(description="Path (relative) -> base64 content.")
+
+
+# ---- SandboxFusion schema (sandbox/server/sandbox_api.py, sandbox/runners/types.py) ----------------------
+
+
+class FusionRunRequest(BaseModel):
+    """SandboxFusion's `RunCodeRequest`. Like theirs, unknown fields are ignored rather than refused."""
+
+    compile_timeout: float = 10
+    run_timeout: float = 10
+    memory_limit_MB: int = -1
+    code: str
+    stdin: str | None = None
+    language: str
+    files: dict[str, str | None] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)  # pytest arguments; no accepted language uses them
+
+
+class FusionCommandStatus(StrEnum):
+    FINISHED = "Finished"
+    ERROR = "Error"
+    TIME_LIMIT_EXCEEDED = "TimeLimitExceeded"
+
+
+class FusionRunStatus(StrEnum):
+    SUCCESS = "Success"
+    FAILED = "Failed"
+    SANDBOX_ERROR = "SandboxError"
+
+
+class FusionCommandResult(BaseModel):
+    status: FusionCommandStatus
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class FusionRunResponse(BaseModel):
+    status: FusionRunStatus
+    message: str
+    compile_result: FusionCommandResult | None = None
+    run_result: FusionCommandResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def fusion_command(
+    status: RunStatus,
+    exit_code: int | None,
+    signal_number: int | None,
+    stdout: str,
+    stderr: str,
+    wall_ms: float,
+) -> FusionCommandResult:
+    """One step as SandboxFusion reports it. A killed process gets the shell's code, 128 + signal."""
+    if status is RunStatus.SANDBOX_ERROR:
+        return FusionCommandResult(status=FusionCommandStatus.ERROR, stderr=stderr)
+    if status is RunStatus.TIMEOUT:
+        return FusionCommandResult(
+            status=FusionCommandStatus.TIME_LIMIT_EXCEEDED,
+            execution_time=wall_ms / 1000,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    code = exit_code if exit_code is not None else 128 + (signal_number or signal.SIGKILL)
+    return FusionCommandResult(
+        status=FusionCommandStatus.FINISHED,
+        execution_time=wall_ms / 1000,
+        return_code=code,
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def failed_in_compile(result: RunResult) -> bool:
+    """Whether the compile step decided the status (then the run step never started).
+
+    A failed compile step comes back with no run wall time and no run output; a run step that started
+    always has a wall time.
+    """
+    if result.compile is None or result.status in (RunStatus.OK, RunStatus.RUNTIME_ERROR, RunStatus.KILLED):
+        return False
+    if result.status is RunStatus.COMPILE_ERROR:
+        return True
+    return result.wall_ms == 0 and not result.stdout and not result.stderr
+
+
+def to_fusion(result: RunResult, pod_name: str | None) -> FusionRunResponse:
+    """Our result in SandboxFusion's terms, with their rule for the overall status (`parse_run_status`)."""
+    in_compile = failed_in_compile(result)
+    error = result.error or result.stderr
+    compile_result = run_result = None
+    if result.compile is not None:
+        compiled = result.compile
+        compile_status = result.status if in_compile else RunStatus.OK
+        compile_stderr = error if compile_status is RunStatus.SANDBOX_ERROR else compiled.stderr
+        compile_result = fusion_command(
+            compile_status, compiled.exit_code, None, compiled.stdout, compile_stderr, compiled.wall_ms
+        )
+    if not in_compile:
+        run_stderr = error if result.status is RunStatus.SANDBOX_ERROR else result.stderr
+        run_result = fusion_command(
+            result.status, result.exit_code, result.signal, result.stdout, run_stderr, result.wall_ms
+        )
+    steps = [step for step in (compile_result, run_result) if step is not None]
+    status, message = FusionRunStatus.SUCCESS, ""
+    errors = [step for step in steps if step.status is FusionCommandStatus.ERROR]
+    if errors:
+        status, message = FusionRunStatus.SANDBOX_ERROR, errors[0].stderr or ""
+    elif any(s.status is FusionCommandStatus.TIME_LIMIT_EXCEEDED or s.return_code != 0 for s in steps):
+        status = FusionRunStatus.FAILED
+    return FusionRunResponse(
+        status=status,
+        message=message,
+        compile_result=compile_result,
+        run_result=run_result,
+        executor_pod_name=pod_name,
+        files=result.files,
+    )
+
+
+# ---- validation helpers (pure) -------------------------------------------------------------------------
+
+
+def check_path(path: str, field: str) -> str:
+    """A file path must name something inside the working directory: relative, without `..` escapes."""
+    normal = posixpath.normpath(path) if path else ""
+    if not path or path.startswith("/") or "\x00" in path or normal == "." or normal.split("/")[0] == "..":
+        raise ApiError(
+            422,
+            f"{field}: path {path!r} must be relative to the working directory and stay inside it",
+            "invalid_path",
+            field,
+        )
+    return path
+
+
+def decode_files(files: Mapping[str, str | None], field: str) -> dict[str, bytes]:
+    """Base64 values to bytes, naming the first bad entry. `None` values are skipped (SandboxFusion does)."""
+    decoded = {}
+    for path, content in files.items():
+        check_path(path, field)
+        if content is None:
+            continue
+        try:
+            decoded[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as error:
+            raise ApiError(
+                422, f"{field}[{path!r}] is not valid base64: {error}", "invalid_base64", f"{field}.{path}"
+            ) from None
+    return decoded
+
+
+def override_spec(base: SandboxSpec, overrides: Mapping[str, Any] | None, field: str = "spec") -> SandboxSpec:
+    if not overrides:
+        return base
+    try:
+        return SandboxSpec.model_validate({**base.model_dump(), **overrides})
+    except ValidationError as error:
+        first = ".".join(str(part) for part in error.errors()[0]["loc"])
+        message = describe_validation_error(error, field)
+        raise ApiError(422, message, "invalid_spec", f"{field}.{first}") from None
+
+
+def fusion_spec(base: SandboxSpec, body: FusionRunRequest) -> SandboxSpec:
+    """The pool's spec with SandboxFusion's limits; errors name their fields. Memory <= 0 keeps ours."""
+    names = {
+        "timeout_s": "run_timeout",
+        "compile_timeout_s": "compile_timeout",
+        "memory_mib": "memory_limit_MB",
+    }
+    overrides: dict[str, Any] = {"timeout_s": body.run_timeout, "compile_timeout_s": body.compile_timeout}
+    if body.memory_limit_MB > 0:
+        overrides["memory_mib"] = body.memory_limit_MB
+    try:
+        return SandboxSpec.model_validate({**base.model_dump(), **overrides})
+    except ValidationError as error:
+        problems = [(names.get(str(p["loc"][0]), str(p["loc"][0])), p) for p in error.errors()]
+        message = "; ".join(f"{name} = {p['input']!r}: {p['msg']}" for name, p in problems)
+        raise ApiError(422, message, "invalid_value", problems[0][0]) from None
+
+
+def describe_request_problems(problems: Sequence[Any]) -> tuple[str, str | None]:
+    """FastAPI's validation errors as one readable message, and the first bad field."""
+    lines, fields = [], []
+    for problem in problems:
+        parts = [str(part) for part in problem.get("loc", ()) if part != "body"]
+        field = ".".join(parts) or "(body)"
+        fields.append(field)
+        kind = problem.get("type")
+        if kind == "extra_forbidden":
+            lines.append(f"unknown field {field!r}")
+        elif kind == "missing":
+            lines.append(f"{field}: required field is missing")
+        else:
+            shown = repr(problem.get("input"))
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            lines.append(f"{field} = {shown}: {problem.get('msg')}")
+    return "; ".join(lines), fields[0] if fields else None
+
+
+# ---- metrics -------------------------------------------------------------------------------------------
+
+
+class PoolCollector(Collector):
+    """Reads the pool's own counters at scrape time, so they can never drift from the pool."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterable[Metric]:
+        pool = self.pool
+        yield GaugeMetricFamily("tether_sandbox_queue_depth", "Runs waiting for a slot.", pool.queue_depth)
+        yield GaugeMetricFamily(
+            "tether_sandbox_busy_slots", "Slots running or holding a session.", pool.busy_slots
+        )
+        yield GaugeMetricFamily("tether_sandbox_slots", "Slots (workers) of the pool.", pool.config.slots)
+        yield GaugeMetricFamily("tether_sandbox_open_sessions", "Sessions open.", len(pool.sessions))
+        yield CounterMetricFamily(
+            "tether_sandbox_qc_failures", "Runs that failed the quality check.", pool.qc_failures
+        )
+        yield CounterMetricFamily(
+            "tether_sandbox_workers_replaced", "Workers discarded and replaced.", pool.workers_replaced
+        )
+
+
+class ServerMetrics:
+    def __init__(self, pool: SandboxPool) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.runs = Counter(
+            "tether_sandbox_runs", "Runs served, by language and status.", ["language", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "tether_sandbox_run_seconds", "Run latency including queueing, by language.", ["language"],
+            buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.registry.register(PoolCollector(pool))
+
+    def observe(self, language: str, result: RunResult, seconds: float) -> None:
+        self.runs.labels(language, result.status.value).inc()
+        self.latency.labels(language).observe(seconds)
+
+
+# ---- the app -------------------------------------------------------------------------------------------
+
+
+def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s: float = 30.0) -> FastAPI:
+    """The HTTP API over `pool`.
+
+    With `manage_pool=False` (the default) the caller starts and closes the pool, as tests and
+    embedders do; with `manage_pool=True` the app's lifespan starts it on startup and closes it on
+    shutdown, which is what `serve` uses (the pool must live in the server's event loop).
+    """
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not manage_pool:
+            yield
+            return
+        async with pool:
+            yield
+
+    app = FastAPI(title="tether sandbox", lifespan=lifespan)
+    metrics = ServerMetrics(pool)
+    locks: dict[str, asyncio.Lock] = {}
+    pod_name = os.environ.get("MY_POD_NAME")
+    app.state.pool, app.state.metrics = pool, metrics
+
+    def canonical(language: str) -> str:
+        try:
+            return lookup(pool.languages, language).name
+        except ConfigError as error:
+            raise ApiError(422, str(error), "unsupported_language", "language") from None
+
+    async def timed(language: str, run: Awaitable[RunResult]) -> RunResult:
+        started = time.perf_counter()
+        result = await run
+        metrics.observe(language, result, time.perf_counter() - started)
+        return result
+
+    @asynccontextmanager
+    async def locked_session(session_id: str) -> AsyncIterator[SandboxSession]:
+        """One request at a time per session: a worker's control channel carries one exchange."""
+        session = pool.get_session(session_id)
+        async with locks.setdefault(session_id, asyncio.Lock()):
+            yield session
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(_: Request, error: ApiError) -> JSONResponse:
+        return error_response(error.status, error.message, error.kind, error.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = list(error.errors())
+        bad_json = next((p for p in problems if p.get("type") == "json_invalid"), None)
+        if bad_json is not None:
+            reason = bad_json.get("ctx", {}).get("error", "malformed JSON")
+            return error_response(400, f"request body is not valid JSON: {reason}", "invalid_json")
+        if any(tuple(p.get("loc", ())) == ("body",) and p.get("type") != "missing" for p in problems):
+            sent = request.headers.get("content-type", "none")
+            message = f"request body must be a JSON object sent as application/json (content-type: {sent})"
+            return error_response(400, message, "invalid_json")
+        message, field = describe_request_problems(problems)
+        return error_response(422, message, "validation_error", field)
+
+    @app.exception_handler(SessionClosed)
+    async def on_session_closed(_: Request, error: SessionClosed) -> JSONResponse:
+        return error_response(404, str(error), "session_not_found", "id")
+
+    @app.exception_handler(ConfigError)
+    async def on_config_error(_: Request, error: ConfigError) -> JSONResponse:
+        return error_response(422, str(error), "invalid_value")
+
+    @app.exception_handler(TetherError)
+    async def on_tether_error(_: Request, error: TetherError) -> JSONResponse:
+        return error_response(500, str(error), "sandbox_error")
+
+    @app.exception_handler(HTTPException)
+    async def on_http(_: Request, error: HTTPException) -> JSONResponse:
+        return error_response(error.status_code, str(error.detail), "http_error")
+
+    @app.post("/run_code", response_model=FusionRunResponse, tags=["sandboxfusion"])
+    async def run_code(body: FusionRunRequest) -> FusionRunResponse:
+        accepted = sorted(name for name, ours in FUSION_LANGUAGES.items() if ours in pool.languages)
+        if body.language not in accepted:
+            raise ApiError(
+                422,
+                f"language {body.language!r} is not supported; accepted: {', '.join(accepted)}",
+                "unsupported_language",
+                "language",
+            )
+        language = FUSION_LANGUAGES[body.language]
+        spec = fusion_spec(pool.spec, body)
+        files = decode_files(body.files, "files")
+        fetch = [check_path(path, "fetch_files") for path in body.fetch_files]
+        try:
+            result = await timed(
+                language, pool.run(body.code, language, body.stdin or "", files, fetch, spec=spec)
+            )
+        except Exception as error:  # SandboxFusion answers its own failures as SandboxError, not 5xx
+            message = f"exception on running code: {type(error).__name__}: {error}"
+            return FusionRunResponse(
+                status=FusionRunStatus.SANDBOX_ERROR, message=message, executor_pod_name=pod_name
+            )
+        return to_fusion(result, pod_name)
+
+    @app.post("/v1/run", response_model=RunResult, tags=["native"])
+    async def run(body: RunBody) -> RunResult:
+        language = canonical(body.language)
+        spec = override_spec(pool.spec, body.spec)
+        files = decode_files(body.files, "files")
+        collect = [check_path(path, "collect") for path in body.collect]
+        return await timed(
+            language,
+            pool.run(
+                body.code, language, body.stdin, files, collect, spec, client=body.client, warm=body.warm
+            ),
+        )
+
+    @app.post("/v1/sessions", status_code=201, tags=["native"])
+    async def open_session(body: SessionOpenBody | None = None) -> dict[str, str]:
+        spec = override_spec(pool.spec, body.spec if body else None)
+        for stale in [key for key in locks if key not in pool.sessions]:
+            del locks[stale]
+        session = await pool.open_session(spec)
+        return {"id": session.id}
+
+    @app.post("/v1/sessions/{session_id}/run", response_model=RunResult, tags=["native"])
+    async def session_run(session_id: str, body: SessionRunBody) -> RunResult:
+        language = canonical(body.language)
+        files = decode_files(body.files, "files")
+        collect = [check_path(path, "collect") for path in body.collect]
+        async with locked_session(session_id) as session:
+            spec = override_spec(session.spec, body.spec)
+            return await timed(language, session.run(body.code, language, body.stdin, files, collect, spec))
+
+    @app.put("/v1/sessions/{session_id}/files", status_code=204, tags=["native"])
+    async def upload(session_id: str, body: UploadBody) -> Response:
+        files = decode_files(body.files, "files")
+        async with locked_session(session_id) as session:
+            await session.upload(files)
+        return Response(status_code=204)
+
+    @app.get("/v1/sessions/{session_id}/files", tags=["native"])
+    async def download(session_id: str, path: list[str] = Query(min_length=1)) -> dict[str, dict[str, str]]:
+        paths = [check_path(p, "path") for p in path]
+        async with locked_session(session_id) as session:
+            try:
+                files = await session.download(paths)
+            except FileNotFoundError as error:
+                raise ApiError(404, str(error), "file_not_found", "path") from None
+        return {"files": {name: base64.b64encode(data).decode("ascii") for name, data in files.items()}}
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204, tags=["native"])
+    async def close_session(session_id: str) -> Response:
+        async with locked_session(session_id) as session:
+            await session.close()
+        locks.pop(session_id, None)
+        return Response(status_code=204)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> JSONResponse:
+        try:
+            report = await asyncio.wait_for(pool.health(), health_timeout_s)
+        except TimeoutError:
+            reasons = [f"no health run finished within {health_timeout_s:g} s"]
+            return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+        if report.passed:
+            return JSONResponse({"status": "ok"})
+        reasons = report.reasons or ["the health run did not print 'ok' and exit cleanly"]
+        return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics_text() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def serve(host: str, port: int, spec: SandboxSpec, config: PoolConfig) -> None:
+    """Run the API with uvicorn until interrupted; the pool starts with the server and closes with it."""
+    app = create_app(SandboxPool(spec, config), manage_pool=True)
+    uvicorn.run(app, host=host, port=port, lifespan="on", log_level="info")
