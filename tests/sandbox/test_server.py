@@ -12,8 +12,9 @@ import pytest
 import pytest_asyncio
 
 from tether.sandbox import RunResult, RunStatus, SandboxPool
-from tether.sandbox.result import CompileOutput
-from tether.sandbox.server import FusionCommandStatus, FusionRunStatus, create_app, to_fusion
+from tether.sandbox.fusion import FusionCommandStatus, FusionRunStatus, to_fusion
+from tether.sandbox.result import CompileOutput, RunStage
+from tether.sandbox.server import create_app
 
 FUSION_RESPONSE_FIELDS = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
 FUSION_COMMAND_FIELDS = {"status", "execution_time", "return_code", "stdout", "stderr"}
@@ -175,6 +176,7 @@ async def test_run_code_reports_the_pod_name_from_the_environment(
         (
             RunResult(
                 status=RunStatus.TIMEOUT,
+                stage=RunStage.COMPILE,
                 compile=CompileOutput(exit_code=None, stdout="", stderr="", wall_ms=10_000.0),
             ),
             "Failed",

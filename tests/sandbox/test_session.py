@@ -55,3 +55,14 @@ async def test_idle_sessions_expire() -> None:
         await asyncio.sleep(1.2)
         assert session.closed
         assert (await pool.run("print('free')")).stdout == "free\n"
+
+
+async def test_concurrent_calls_on_one_session_are_serialised(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        writes = [session.run(f"echo {i} >> log.txt", language="bash") for i in range(6)]
+        uploads = [session.upload({f"f{i}.txt": str(i)}) for i in range(3)]
+        results = await asyncio.gather(*writes, *uploads)
+        assert all(r is None or r.status is RunStatus.OK for r in results)
+        log = (await session.download(["log.txt"]))["log.txt"].decode().split()
+        assert sorted(log) == [str(i) for i in range(6)]
+        assert session.runs == 6 and not session.closed

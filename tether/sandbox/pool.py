@@ -34,7 +34,7 @@ from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
-from tether.sandbox.result import CompileOutput, RunResult, RunStatus, classify
+from tether.sandbox.result import CompileOutput, RunResult, RunStage, RunStatus, classify
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec
@@ -388,7 +388,11 @@ class SandboxPool:
             status = classify(first, first_stats, is_compile=True)
             if status is not RunStatus.OK:
                 return RunResult(
-                    status=status, compile=compile_output, error=first.setup_error, exit_code=first.exit_code
+                    status=status,
+                    stage=RunStage.COMPILE,
+                    compile=compile_output,
+                    error=first.setup_error,
+                    exit_code=first.exit_code,
                 )
         if not outcomes:
             return RunResult(

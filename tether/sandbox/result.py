@@ -22,6 +22,13 @@ class RunStatus(StrEnum):
     SANDBOX_ERROR = "sandbox_error"
 
 
+class RunStage(StrEnum):
+    """The step whose outcome decided a run's status."""
+
+    COMPILE = "compile"
+    RUN = "run"
+
+
 class QcStatus(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
@@ -36,6 +43,7 @@ class CompileOutput(BaseModel):
 
 class RunResult(BaseModel):
     status: RunStatus
+    stage: RunStage = RunStage.RUN
     exit_code: int | None = None
     signal: int | None = None
     stdout: str = ""

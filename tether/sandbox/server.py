@@ -22,11 +22,9 @@ import base64
 import binascii
 import os
 import posixpath
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from enum import StrEnum
 from typing import Any
 
 import uvicorn
@@ -40,10 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from tether.errors import ConfigError, TetherError, describe_validation_error
+from tether.sandbox.fusion import FusionRunRequest, FusionRunResponse, FusionRunStatus, to_fusion
 from tether.sandbox.languages import lookup
 from tether.sandbox.pool import PoolConfig, SandboxPool
-from tether.sandbox.result import RunResult, RunStatus
-from tether.sandbox.session import SandboxSession, SessionClosed
+from tether.sandbox.result import RunResult
+from tether.sandbox.session import SessionClosed
 from tether.sandbox.spec import SandboxSpec
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
@@ -92,127 +91,6 @@ class UploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     files: dict[str, str] = Field(description="Path (relative) -> base64 content.")
-
-
-# ---- SandboxFusion schema (sandbox/server/sandbox_api.py, sandbox/runners/types.py) ----------------------
-
-
-class FusionRunRequest(BaseModel):
-    """SandboxFusion's `RunCodeRequest`. Like theirs, unknown fields are ignored rather than refused."""
-
-    compile_timeout: float = 10
-    run_timeout: float = 10
-    memory_limit_MB: int = -1
-    code: str
-    stdin: str | None = None
-    language: str
-    files: dict[str, str | None] = Field(default_factory=dict)
-    fetch_files: list[str] = Field(default_factory=list)
-    args: list[str] = Field(default_factory=list)  # pytest arguments; no accepted language uses them
-
-
-class FusionCommandStatus(StrEnum):
-    FINISHED = "Finished"
-    ERROR = "Error"
-    TIME_LIMIT_EXCEEDED = "TimeLimitExceeded"
-
-
-class FusionRunStatus(StrEnum):
-    SUCCESS = "Success"
-    FAILED = "Failed"
-    SANDBOX_ERROR = "SandboxError"
-
-
-class FusionCommandResult(BaseModel):
-    status: FusionCommandStatus
-    execution_time: float | None = None
-    return_code: int | None = None
-    stdout: str | None = None
-    stderr: str | None = None
-
-
-class FusionRunResponse(BaseModel):
-    status: FusionRunStatus
-    message: str
-    compile_result: FusionCommandResult | None = None
-    run_result: FusionCommandResult | None = None
-    executor_pod_name: str | None = None
-    files: dict[str, str] = Field(default_factory=dict)
-
-
-def fusion_command(
-    status: RunStatus,
-    exit_code: int | None,
-    signal_number: int | None,
-    stdout: str,
-    stderr: str,
-    wall_ms: float,
-) -> FusionCommandResult:
-    """One step as SandboxFusion reports it. A killed process gets the shell's code, 128 + signal."""
-    if status is RunStatus.SANDBOX_ERROR:
-        return FusionCommandResult(status=FusionCommandStatus.ERROR, stderr=stderr)
-    if status is RunStatus.TIMEOUT:
-        return FusionCommandResult(
-            status=FusionCommandStatus.TIME_LIMIT_EXCEEDED,
-            execution_time=wall_ms / 1000,
-            stdout=stdout,
-            stderr=stderr,
-        )
-    code = exit_code if exit_code is not None else 128 + (signal_number or signal.SIGKILL)
-    return FusionCommandResult(
-        status=FusionCommandStatus.FINISHED,
-        execution_time=wall_ms / 1000,
-        return_code=code,
-        stdout=stdout,
-        stderr=stderr,
-    )
-
-
-def failed_in_compile(result: RunResult) -> bool:
-    """Whether the compile step decided the status (then the run step never started).
-
-    A failed compile step comes back with no run wall time and no run output; a run step that started
-    always has a wall time.
-    """
-    if result.compile is None or result.status in (RunStatus.OK, RunStatus.RUNTIME_ERROR, RunStatus.KILLED):
-        return False
-    if result.status is RunStatus.COMPILE_ERROR:
-        return True
-    return result.wall_ms == 0 and not result.stdout and not result.stderr
-
-
-def to_fusion(result: RunResult, pod_name: str | None) -> FusionRunResponse:
-    """Our result in SandboxFusion's terms, with their rule for the overall status (`parse_run_status`)."""
-    in_compile = failed_in_compile(result)
-    error = result.error or result.stderr
-    compile_result = run_result = None
-    if result.compile is not None:
-        compiled = result.compile
-        compile_status = result.status if in_compile else RunStatus.OK
-        compile_stderr = error if compile_status is RunStatus.SANDBOX_ERROR else compiled.stderr
-        compile_result = fusion_command(
-            compile_status, compiled.exit_code, None, compiled.stdout, compile_stderr, compiled.wall_ms
-        )
-    if not in_compile:
-        run_stderr = error if result.status is RunStatus.SANDBOX_ERROR else result.stderr
-        run_result = fusion_command(
-            result.status, result.exit_code, result.signal, result.stdout, run_stderr, result.wall_ms
-        )
-    steps = [step for step in (compile_result, run_result) if step is not None]
-    status, message = FusionRunStatus.SUCCESS, ""
-    errors = [step for step in steps if step.status is FusionCommandStatus.ERROR]
-    if errors:
-        status, message = FusionRunStatus.SANDBOX_ERROR, errors[0].stderr or ""
-    elif any(s.status is FusionCommandStatus.TIME_LIMIT_EXCEEDED or s.return_code != 0 for s in steps):
-        status = FusionRunStatus.FAILED
-    return FusionRunResponse(
-        status=status,
-        message=message,
-        compile_result=compile_result,
-        run_result=run_result,
-        executor_pod_name=pod_name,
-        files=result.files,
-    )
 
 
 # ---- validation helpers (pure) -------------------------------------------------------------------------
@@ -359,7 +237,6 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
     app = FastAPI(title="tether sandbox", lifespan=lifespan)
     metrics = ServerMetrics(pool)
-    locks: dict[str, asyncio.Lock] = {}
     pod_name = os.environ.get("MY_POD_NAME")
     app.state.pool, app.state.metrics = pool, metrics
 
@@ -374,13 +251,6 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
         result = await run
         metrics.observe(language, result, time.perf_counter() - started)
         return result
-
-    @asynccontextmanager
-    async def locked_session(session_id: str) -> AsyncIterator[SandboxSession]:
-        """One request at a time per session: a worker's control channel carries one exchange."""
-        session = pool.get_session(session_id)
-        async with locks.setdefault(session_id, asyncio.Lock()):
-            yield session
 
     @app.exception_handler(ApiError)
     async def on_api_error(_: Request, error: ApiError) -> JSONResponse:
@@ -457,8 +327,6 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     @app.post("/v1/sessions", status_code=201, tags=["native"])
     async def open_session(body: SessionOpenBody | None = None) -> dict[str, str]:
         spec = override_spec(pool.spec, body.spec if body else None)
-        for stale in [key for key in locks if key not in pool.sessions]:
-            del locks[stale]
         session = await pool.open_session(spec)
         return {"id": session.id}
 
@@ -467,32 +335,28 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
         language = canonical(body.language)
         files = decode_files(body.files, "files")
         collect = [check_path(path, "collect") for path in body.collect]
-        async with locked_session(session_id) as session:
-            spec = override_spec(session.spec, body.spec)
-            return await timed(language, session.run(body.code, language, body.stdin, files, collect, spec))
+        session = pool.get_session(session_id)
+        spec = override_spec(session.spec, body.spec)
+        return await timed(language, session.run(body.code, language, body.stdin, files, collect, spec))
 
     @app.put("/v1/sessions/{session_id}/files", status_code=204, tags=["native"])
     async def upload(session_id: str, body: UploadBody) -> Response:
         files = decode_files(body.files, "files")
-        async with locked_session(session_id) as session:
-            await session.upload(files)
+        await pool.get_session(session_id).upload(files)
         return Response(status_code=204)
 
     @app.get("/v1/sessions/{session_id}/files", tags=["native"])
     async def download(session_id: str, path: list[str] = Query(min_length=1)) -> dict[str, dict[str, str]]:
         paths = [check_path(p, "path") for p in path]
-        async with locked_session(session_id) as session:
-            try:
-                files = await session.download(paths)
-            except FileNotFoundError as error:
-                raise ApiError(404, str(error), "file_not_found", "path") from None
+        try:
+            files = await pool.get_session(session_id).download(paths)
+        except FileNotFoundError as error:
+            raise ApiError(404, str(error), "file_not_found", "path") from None
         return {"files": {name: base64.b64encode(data).decode("ascii") for name, data in files.items()}}
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, tags=["native"])
     async def close_session(session_id: str) -> Response:
-        async with locked_session(session_id) as session:
-            await session.close()
-        locks.pop(session_id, None)
+        await pool.get_session(session_id).close()
         return Response(status_code=204)
 
     @app.get("/healthz", tags=["ops"])

@@ -1,6 +1,7 @@
 """`SandboxSession`: a sandbox that keeps its working directory across many runs, for agents.
 
-A session holds one worker and one slot of its pool for its whole life. Each `run` is still a fresh
+A session holds one worker and one slot of its pool for its whole life; its calls are serialised,
+since the worker's control channel carries one exchange at a time. Each `run` is still a fresh
 process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp)
 persists. Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the
 worker and hands it back.
@@ -8,6 +9,7 @@ worker and hands it back.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +45,7 @@ class SandboxSession:
         self._clock = clock
         self.last_used = clock()
         self.runs = 0
+        self._lock = asyncio.Lock()
 
     @property
     def closed(self) -> bool:
@@ -63,19 +66,19 @@ class SandboxSession:
         collect: Sequence[str] = (),
         spec: SandboxSpec | None = None,
     ) -> RunResult:
-        worker = self._require_worker()
         request, compiled = self.pool.build_request(
             code, language, stdin, files or {}, spec or self.spec, dir_id=self.id, keep_dir=True
         )
         request.collect = list(collect)
-        result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
-        self.runs += 1
-        if not healthy:
-            await self._discard()
+        async with self._lock:
+            worker = self._require_worker()
+            result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
+            self.runs += 1
+            if not healthy:
+                self._discard()
         return result
 
     async def upload(self, files: Mapping[str, str | bytes]) -> None:
-        worker = self._require_worker()
         request = RunRequest(
             dir_id=self.id,
             disk_mib=self.spec.disk_mib,
@@ -86,30 +89,32 @@ class SandboxSession:
             steps=[],
             keep_dir=True,
         )
-        reply = await worker.run(request, [])
+        async with self._lock:
+            reply = await self._require_worker().run(request, [])
         if reply.error:
             raise TetherError(f"upload to session {self.id} failed: {reply.error}")
 
     async def download(self, paths: Sequence[str]) -> dict[str, bytes]:
         """Read files from the session's working directory; missing ones raise FileNotFoundError."""
-        worker = self._require_worker()
-        files, missing = await worker.download(self.id, list(paths))
+        async with self._lock:
+            files, missing = await self._require_worker().download(self.id, list(paths))
         if missing:
             raise FileNotFoundError(f"not in session {self.id}: {', '.join(missing)}")
         return {name: protocol.b64decode(data) for name, data in files.items()}
 
     async def close(self) -> None:
-        if self._worker is None:
-            return
-        worker, self._worker = self._worker, None
-        fingerprint = None
-        try:
-            fingerprint = await worker.release(self.id)
-        except (OSError, EOFError, RuntimeError):
+        async with self._lock:
+            if self._worker is None:
+                return
+            worker, self._worker = self._worker, None
             fingerprint = None
-        self.pool.end_session(self, worker, healthy=fingerprint == worker.baseline_fingerprint)
+            try:
+                fingerprint = await worker.release(self.id)
+            except (OSError, EOFError, RuntimeError):
+                fingerprint = None
+            self.pool.end_session(self, worker, healthy=fingerprint == worker.baseline_fingerprint)
 
-    async def _discard(self) -> None:
+    def _discard(self) -> None:
         if self._worker is None:
             return
         worker, self._worker = self._worker, None
