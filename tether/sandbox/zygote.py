@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -173,14 +174,16 @@ class Zygote:
                     os.chown(f"{run_dir}/{name}", uid, gid)
         work = f"{run_dir}/work"
         for relative, content in request.files.items():
-            target = _inside(work, relative)
+            # A session's earlier runs may have left symlinks here; this process is the namespace root.
+            target = _inside(work, relative, resolve=True)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as handle:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            with os.fdopen(os.open(target, flags, 0o644), "wb") as handle:
                 handle.write(protocol.b64decode(content))
-            os.chown(target, uid, gid)
+                os.fchown(handle.fileno(), uid, gid)
             parent = os.path.dirname(target)
             while parent != work:
-                os.chown(parent, uid, gid)
+                os.chown(parent, uid, gid, follow_symlinks=False)
                 parent = os.path.dirname(parent)
         return run_dir
 
@@ -189,14 +192,14 @@ class Zygote:
         files: dict[str, str] = {}
         missing: list[str] = []
         for relative in paths:
-            target = _inside(work, relative)
             try:
-                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
+                target = _inside(work, relative, resolve=True)
+                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except (OSError, SymlinkEscape):
                 missing.append(relative)
                 continue
             with os.fdopen(fd, "rb") as handle:
-                if not os.path.isfile(target):
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
                     missing.append(relative)
                     continue
                 files[relative] = protocol.b64encode(handle.read())
@@ -385,13 +388,24 @@ def _become_run(fds: list[int], seccomp_bpf: bytes) -> None:
     run_child(plan)
 
 
-def _inside(base: str, relative: str) -> str:
-    """Resolve `relative` under `base`, refusing absolute paths and `..` escapes."""
+class SymlinkEscape(ValueError):
+    """A file path whose directories, once their symlinks are followed, lead out of the workdir."""
+
+
+def _inside(base: str, relative: str, resolve: bool = False) -> str:
+    """Resolve `relative` under `base`, refusing absolute paths and `..` escapes.
+
+    With `resolve`, the symlinks among the target's directories are followed too (the run made them;
+    the caller then opens the last component with O_NOFOLLOW): nothing runs in the run directory at
+    this point, so what is checked here is what gets opened.
+    """
     if relative.startswith("/") or not relative:
         raise ValueError(f"file path {relative!r} must be relative to the working directory")
     target = os.path.normpath(os.path.join(base, relative))
     if not target.startswith(base + "/"):
         raise ValueError(f"file path {relative!r} escapes the working directory")
+    if resolve and not (os.path.realpath(os.path.dirname(target)) + "/").startswith(base + "/"):
+        raise SymlinkEscape(f"file path {relative!r} leads out of the working directory through a symlink")
     return target
 
 
