@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test lint typecheck unit bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tether/sandbox/_enter.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11+, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip

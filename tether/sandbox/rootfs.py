@@ -2,7 +2,9 @@
 
 Runs inside the worker's own user and mount namespaces, once per worker. Nothing of the host is
 visible except the listed paths (never /tmp, /home, /root or the project tree), and none of it is
-writable; per-run writable space is mounted later, by `child.py`.
+writable; per-run writable space is mounted later, by `_enter.c`. An allowed path under a directory a
+run covers with its own tmpfs (a checkout in /tmp, say) is kept at ALIAS_ROOT + path, and each run binds
+it back into place on top of its tmpfs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from tether.sandbox import linux
 from tether.sandbox.linux import MNT_DETACH, Mount
 
 STAGING = "/.staging"
+ALIAS_ROOT = "/.ro"  # where allowed paths that a run's own mounts would cover are kept in the root view
 _OLD_ROOT = ".oldroot"
 
 
@@ -55,9 +58,15 @@ def _open_host_paths(paths: list[str]) -> list[_HostPath]:
     return opened
 
 
-def _place(new_root: str, host: _HostPath) -> None:
+def covered_by_run_mounts(path: str, workdir: str) -> bool:
+    """Whether a run's own mounts (workdir, /tmp, /dev/shm) hide `path` in its view."""
+    return any(path.startswith(directory.rstrip("/") + "/") for directory in (workdir, "/tmp", "/dev/shm"))
+
+
+def _place(new_root: str, host: _HostPath, workdir: str) -> None:
     """Mirror a host path into `new_root`: a symlink stays a symlink, anything else is bound read-only."""
-    target = new_root + host.path
+    view_path = ALIAS_ROOT + host.path if covered_by_run_mounts(host.path, workdir) else host.path
+    target = new_root + view_path
     os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
     if host.kind == "link":
         if not os.path.lexists(target):
@@ -72,8 +81,12 @@ def _place(new_root: str, host: _HostPath) -> None:
     os.close(host.fd)
 
 
-def build_root(skeleton_dir: str, readonly_paths: list[str], device_nodes: list[str], workdir: str) -> None:
+def build_root(
+    skeleton_dir: str, readonly_paths: list[str], device_nodes: list[str], workdir: str
+) -> list[tuple[str, str]]:
     """Build the root view on a tmpfs at `skeleton_dir`, pivot into it and seal it read-only.
+
+    Returns the (alias, path) pairs each run must bind back over its own mounts.
 
     Called as host root inside the new user namespace; returns as the namespace's root user, which
     the host sees as an unprivileged uid. Files on the new tmpfs can only be created under a uid the
@@ -85,7 +98,7 @@ def build_root(skeleton_dir: str, readonly_paths: list[str], device_nodes: list[
     os.setresuid(0, 0, 0)
     linux.mount("tmpfs", skeleton_dir, "tmpfs", Mount.NOSUID | Mount.NODEV, "mode=0755,size=1m")
     for host in host_paths:
-        _place(skeleton_dir, host)
+        _place(skeleton_dir, host, workdir)
     os.makedirs(skeleton_dir + "/dev", mode=0o755, exist_ok=True)
     for node in device_nodes:
         target = skeleton_dir + node
@@ -109,3 +122,8 @@ def build_root(skeleton_dir: str, readonly_paths: list[str], device_nodes: list[
     os.rmdir(f"/{_OLD_ROOT}")
     linux.mount("tmpfs", STAGING, "tmpfs", Mount.NOSUID | Mount.NODEV, "mode=0700")
     linux.mount("none", "/", None, Mount.REMOUNT | Mount.BIND | Mount.RDONLY | Mount.NOSUID | Mount.NODEV)
+    return [
+        (ALIAS_ROOT + host.path, host.path)
+        for host in host_paths
+        if host.kind != "link" and covered_by_run_mounts(host.path, workdir)
+    ]

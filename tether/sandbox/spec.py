@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether.errors import ConfigError, describe_validation_error
 
@@ -37,6 +37,17 @@ class SandboxSpec(BaseModel):
     )
     open_files_max: int = Field(256, ge=16, le=65536, description="RLIMIT_NOFILE of the run.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the run.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_passable(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(
+                    f"environment entry {key!r}: names must be non-empty without '=' or NUL, "
+                    "values without NUL"
+                )
+        return env
 
     @property
     def output_limit_bytes(self) -> int:

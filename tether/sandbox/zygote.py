@@ -30,7 +30,7 @@ import time
 import traceback
 
 from tether.sandbox import linux, protocol
-from tether.sandbox.child import SETUP_FAILED_EXIT, ChildPlan, decode_plan, encode_plan, run_child
+from tether.sandbox.child import ChildPlan, become_run, encode_plan
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
@@ -76,12 +76,18 @@ def fingerprint(kept_dirs: frozenset[str] = frozenset()) -> str:
 
 class Zygote:
     def __init__(
-        self, control: socket.socket, fd_channel: socket.socket, init: WorkerInit, forker: socket.socket
+        self,
+        control: socket.socket,
+        fd_channel: socket.socket,
+        init: WorkerInit,
+        forker: socket.socket,
+        shadows: list[tuple[str, str]],
     ) -> None:
         self.control = control
         self.fd_channel = fd_channel
         self.init = init
         self.forker = forker
+        self.shadows = shadows
         self.run_dirs: set[str] = set()
 
     def serve(self) -> None:
@@ -231,10 +237,10 @@ class Zygote:
             stdout_fd=out_w,
             stderr_fd=err_w,
             status_fd=status_w,
-            seccomp_bpf=b"",
             cpu_time_limit_s=step.cpu_time_limit_s,
             open_files_max=step.open_files_max,
             file_size_max_bytes=step.file_size_max_bytes,
+            shadows=self.shadows,
         )
         data, fds = encode_plan(plan)
         plan_fd = os.memfd_create("tether-plan", os.MFD_CLOEXEC)
@@ -376,16 +382,8 @@ def _serve_forks(channel: socket.socket, seccomp_bpf: bytes) -> None:
 
 
 def _become_run(fds: list[int], seccomp_bpf: bytes) -> None:
-    try:
-        plan_fd, *run_fds = fds
-        data = bytearray()
-        while chunk := os.pread(plan_fd, _READ_CHUNK, len(data)):
-            data += chunk
-        os.close(plan_fd)
-        plan = decode_plan(bytes(data), run_fds, seccomp_bpf)
-    except BaseException:
-        os._exit(SETUP_FAILED_EXIT)
-    run_child(plan)
+    plan_fd, *run_fds = fds
+    become_run(plan_fd, run_fds, seccomp_bpf)
 
 
 class SymlinkEscape(ValueError):
@@ -413,7 +411,7 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
     linux.set_process_name("tether-zygote")
     try:
         socket.sethostname("sandbox")
-        build_root(init.skeleton_dir, init.readonly_paths, init.device_nodes, init.workdir)
+        shadows = build_root(init.skeleton_dir, init.readonly_paths, init.device_nodes, init.workdir)
         # Only now: changing credentials (build_root switches to the namespace root) clears the setting.
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if init.loopback_up:
@@ -424,7 +422,7 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
         # Objects that exist now are never collected, so forked runs do not copy their pages to scan them.
         gc.freeze()
         forker = _start_fork_server(protocol.b64decode(init.seccomp_bpf_b64), [control, fd_channel])
-        zygote = Zygote(control, fd_channel, init, forker)
+        zygote = Zygote(control, fd_channel, init, forker, shadows)
     except Exception:
         protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
         return
