@@ -1,9 +1,10 @@
 """Throughput benchmark: the warm pool against a fresh `python3` per run, in the same isolation.
 
-Both phases run in the same process on the same snippet as a closed loop: `concurrency` clients each
+Both modes run in the same process on the same snippet as a closed loop: `concurrency` clients each
 submit their next run as soon as the last returns. A fresh run forks the same worker and execs a new
 interpreter inside the same namespaces, cgroups and seccomp filter, so the ratio isolates the cost
-of starting an interpreter. Figures on a shared machine are noisy: report the ratio, not the times.
+of starting an interpreter. The modes alternate in rounds, so a machine that slows down or speeds up
+during the benchmark weighs on both alike: figures on a shared machine are noisy, the ratio less so.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
@@ -27,12 +28,24 @@ class BenchmarkFailed(RuntimeError):
     """A benchmark run did not produce the expected output: the figures would mean nothing."""
 
 
-@dataclass(frozen=True, slots=True)
-class PhaseResult:
-    runs: int
-    exec_per_s: float
-    p50_ms: float
-    p99_ms: float
+@dataclass(slots=True)
+class Phase:
+    """Accumulated runs of one mode across rounds."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def exec_per_s(self) -> float:
+        return len(self.latencies_ms) / self.elapsed_s
+
+    def summary(self, prefix: str) -> dict[str, float | int]:
+        return {
+            f"{prefix}_runs": len(self.latencies_ms),
+            f"{prefix}_exec_per_s": round(self.exec_per_s, 1),
+            f"{prefix}_p50_ms": round(statistics.median(self.latencies_ms), 3),
+            f"{prefix}_p99_ms": round(percentile(self.latencies_ms, 0.99), 3),
+        }
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -42,9 +55,13 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 async def run_phase(
-    pool: SandboxPool, runs: int, concurrency: int, warm: bool, on_run: Callable[[], None] | None = None
-) -> PhaseResult:
-    latencies: list[float] = []
+    pool: SandboxPool,
+    runs: int,
+    concurrency: int,
+    warm: bool,
+    phase: Phase,
+    on_run: Callable[[], None] | None = None,
+) -> None:
     remaining = runs
 
     async def client() -> None:
@@ -53,7 +70,7 @@ async def run_phase(
             remaining -= 1
             started = time.perf_counter()
             result = await pool.run(SNIPPET, language="python", warm=warm)
-            latencies.append((time.perf_counter() - started) * 1000)
+            phase.latencies_ms.append((time.perf_counter() - started) * 1000)
             if result.status is not RunStatus.OK or result.stdout != EXPECTED_STDOUT:
                 raise BenchmarkFailed(f"run returned {result.status}: {result.stdout!r} {result.stderr!r}")
             if on_run is not None:
@@ -61,34 +78,30 @@ async def run_phase(
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    return PhaseResult(
-        len(latencies), len(latencies) / elapsed, statistics.median(latencies), percentile(latencies, 0.99)
-    )
+    phase.elapsed_s += time.perf_counter() - started
 
 
 async def run_benchmark(
     pool: SandboxPool,
     pool_runs: int,
     fresh_runs: int,
+    rounds: int = 5,
     warmup_runs: int = 20,
     on_run: Callable[[], None] | None = None,
 ) -> dict[str, object]:
     concurrency = pool.config.slots
-    await run_phase(pool, warmup_runs, concurrency, warm=True)
-    warm = await run_phase(pool, pool_runs, concurrency, warm=True, on_run=on_run)
-    fresh = await run_phase(pool, fresh_runs, concurrency, warm=False, on_run=on_run)
+    await run_phase(pool, warmup_runs, concurrency, warm=True, phase=Phase())
+    warm, fresh = Phase(), Phase()
+    for round_index in range(rounds):
+        share = slice(round_index, None, rounds)
+        await run_phase(pool, len(range(pool_runs)[share]), concurrency, True, warm, on_run)
+        await run_phase(pool, len(range(fresh_runs)[share]), concurrency, False, fresh, on_run)
     return {
         "snippet": SNIPPET,
-        "pool_runs": warm.runs,
-        "pool_exec_per_s": round(warm.exec_per_s, 1),
-        "pool_p50_ms": round(warm.p50_ms, 3),
-        "pool_p99_ms": round(warm.p99_ms, 3),
-        "fresh_runs": fresh.runs,
-        "fresh_exec_per_s": round(fresh.exec_per_s, 1),
-        "fresh_p50_ms": round(fresh.p50_ms, 3),
-        "fresh_p99_ms": round(fresh.p99_ms, 3),
+        **warm.summary("pool"),
+        **fresh.summary("fresh"),
         "speedup": round(warm.exec_per_s / fresh.exec_per_s, 2),
+        "rounds": rounds,
         "slots": pool.config.slots,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 
 REQUIRED_CONTROLLERS = ("memory", "pids", "cpu")
-CPU_PERIOD_US = 100_000
+CPU_PERIOD_US = 100_000  # the kernel's default CFS period, which a new v1 group starts with
 
 
 class CgroupVersion(Enum):
@@ -169,7 +169,6 @@ class RunCgroup:
             with contextlib.suppress(FileNotFoundError):
                 _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
             _write(self.paths["pids"] / "pids.max", str(limits.pids_max))
-            _write(self.paths["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(self.paths["cpu"] / "cpu.cfs_quota_us", str(quota))
         else:
             group = self.paths["memory"]
