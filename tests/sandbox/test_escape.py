@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tether.errors import TetherError
+from tether.errors import ConfigError, TetherError
 from tether.sandbox import PoolConfig, QcStatus, RunResult, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.pool import SandboxUnavailable
 
@@ -1922,18 +1922,25 @@ async def test_collected_symlinks_do_not_leak_host_files(
 )
 async def test_uploaded_files_cannot_escape_the_workdir(name: str) -> None:
     async with open_sandbox() as sandbox:
-        result = await sandbox.pool.run("print('NEVER_RUN')", files={name: "pwned"})
-        # The refusal is clean, but the zygote reports its fingerprint before closing the run's cgroup
-        # descriptors on this error path, so QC fails: the worker must then be replaced, not reused.
-        if result.qc is QcStatus.FAILED:
-            assert result.qc_detail == [
-                "the worker's fingerprint changed (processes, mounts, descriptors or staging)"
-            ]
+        with pytest.raises(ConfigError) as refused:
+            await sandbox.pool.run("print('NEVER_RUN')", files={name: "pwned"})
+        # The pool refuses before a worker sees the request; the worker refuses on its own as well.
+        request, compiled = sandbox.pool.build_request(
+            "print('NEVER_RUN')", "python", "", {}, sandbox.pool.spec
+        )
+        request.files[name] = base64.b64encode(b"pwned").decode()
+        worker = sandbox.pool._idle.pop()
+        try:
+            result, healthy = await sandbox.pool.execute(worker, request, sandbox.pool.spec, compiled)
+        finally:
+            sandbox.pool._idle.append(worker)
         await sandbox.assert_host_clean()
         after = await sandbox.run(
             "import os\nprint(sorted(os.listdir('/workspace')), sorted(os.listdir('/tmp')))"
         )
-        assert sandbox.pool.workers_replaced == (1 if result.qc is QcStatus.FAILED else 0)
+        assert sandbox.pool.workers_replaced == 0
+    assert repr(name) in str(refused.value) and "working directory" in str(refused.value)
+    assert healthy and result.qc is QcStatus.PASSED, describe(result)
     assert result.status is RunStatus.SANDBOX_ERROR, describe(result)
     assert "NEVER_RUN" not in result.stdout
     assert result.error is not None and repr(name) in result.error, result.error

@@ -194,3 +194,14 @@ def test_classification_rules(outcome: StepOutcome, oom_kills: int, expected: Ru
 
 def test_failed_compile_is_a_compile_error() -> None:
     assert classify(_outcome(exit_code=1), CgroupStats(1.0, 1, 0), is_compile=True) is RunStatus.COMPILE_ERROR
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "", "bad\0name"])
+async def test_paths_outside_the_workdir_are_refused_before_a_slot_is_taken(
+    pool: SandboxPool, path: str
+) -> None:
+    with pytest.raises(ConfigError, match="must be relative to the working directory"):
+        await pool.run("print(1)", files={path: "x"})
+    with pytest.raises(ConfigError, match="must be relative to the working directory"):
+        await pool.run("print(1)", collect=[path])
+    assert pool.busy_slots == 0 and pool.workers_replaced == 0

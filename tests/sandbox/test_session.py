@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tether.errors import TetherError
 from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.session import SessionClosed
 
@@ -66,3 +67,12 @@ async def test_concurrent_calls_on_one_session_are_serialised(pool: SandboxPool)
         log = (await session.download(["log.txt"]))["log.txt"].decode().split()
         assert sorted(log) == [str(i) for i in range(6)]
         assert session.runs == 6 and not session.closed
+
+
+async def test_a_failed_upload_keeps_the_session_directory(pool: SandboxPool) -> None:
+    async with await pool.open_session(SandboxSpec(disk_mib=1)) as session:
+        await session.upload({"keep.txt": "kept"})
+        with pytest.raises(TetherError, match="upload to session"):
+            await session.upload({"big.bin": b"x" * (4 << 20)})
+        assert await session.download(["keep.txt"]) == {"keep.txt": b"kept"}
+        assert not session.closed

@@ -37,7 +37,7 @@ from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import CompileOutput, RunResult, RunStage, RunStatus, classify
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec
+from tether.sandbox.spec import SandboxSpec, workdir_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError
 
 # What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
@@ -226,7 +226,7 @@ class SandboxPool:
             "PYTHONDONTWRITEBYTECODE": "1",
             **spec.env,
         }
-        all_files = {name: _encode(content) for name, content in files.items()}
+        all_files = {workdir_path(name, "files"): _encode(content) for name, content in files.items()}
         all_files[lang.source_file] = _encode(code)
 
         def step(
@@ -272,7 +272,7 @@ class SandboxPool:
         """Run one program in a fresh isolated environment and return its classified result."""
         spec = spec or self.spec
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
-        request.collect = list(collect)
+        request.collect = [workdir_path(path, "collect") for path in collect]
         await self._queue.acquire(client)
         worker = self._idle.pop()
         keep = False

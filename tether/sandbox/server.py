@@ -21,7 +21,6 @@ import asyncio
 import base64
 import binascii
 import os
-import posixpath
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -43,7 +42,7 @@ from tether.sandbox.languages import lookup
 from tether.sandbox.pool import PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
-from tether.sandbox.spec import SandboxSpec
+from tether.sandbox.spec import SandboxSpec, workdir_path
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
@@ -98,15 +97,10 @@ class UploadBody(BaseModel):
 
 def check_path(path: str, field: str) -> str:
     """A file path must name something inside the working directory: relative, without `..` escapes."""
-    normal = posixpath.normpath(path) if path else ""
-    if not path or path.startswith("/") or "\x00" in path or normal == "." or normal.split("/")[0] == "..":
-        raise ApiError(
-            422,
-            f"{field}: path {path!r} must be relative to the working directory and stay inside it",
-            "invalid_path",
-            field,
-        )
-    return path
+    try:
+        return workdir_path(path, field)
+    except ConfigError as error:
+        raise ApiError(422, str(error), "invalid_path", field) from None
 
 
 def decode_files(files: Mapping[str, str | None], field: str) -> dict[str, bytes]:

@@ -6,6 +6,7 @@ errors that name the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import posixpath
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,16 @@ class SandboxSpec(BaseModel):
     def cpu_time_limit_s(self, timeout_s: float) -> int:
         """RLIMIT_CPU backstop: the wall timeout times the cores, rounded up, plus one second."""
         return int(timeout_s * self.cpu_limit) + 2
+
+
+def workdir_path(path: str, field: str) -> str:
+    """A path a caller names inside the run's working directory: relative, no `..` escape, no NUL."""
+    normal = posixpath.normpath(path) if path else ""
+    if not path or path.startswith("/") or "\0" in path or normal == "." or normal.split("/")[0] == "..":
+        raise ConfigError(
+            f"{field}: path {path!r} must be relative to the working directory and stay inside it"
+        )
+    return path
 
 
 def spec_from_mapping(data: dict[str, Any], source: str) -> SandboxSpec:

@@ -101,7 +101,11 @@ class Zygote:
                 reply = self.run(protocol.run_request_from(message))
                 protocol.send_frame(self.control, {"op": "result", **protocol.to_json(reply)})
             elif op == "download":
-                files, missing = self._collect(message["dir_id"], message["paths"])
+                try:
+                    files, missing = self._collect(message["dir_id"], message["paths"])
+                except (OSError, ValueError) as error:
+                    protocol.send_frame(self.control, {"op": "error", "error": f"download failed: {error}"})
+                    continue
                 protocol.send_frame(self.control, {"op": "files", "files": files, "missing": missing})
             elif op == "release":
                 self._release(message["dir_id"])
@@ -114,9 +118,14 @@ class Zygote:
                 protocol.send_frame(self.control, {"op": "error", "error": f"unknown op {op!r}"})
 
     def run(self, request: RunRequest) -> RunReply:
+        """Run the request's steps. A failure keeps a directory that existed before (a session's)."""
         total_fds = sum(step.cgroup_fd_count for step in request.steps)
         cgroup_fds = self._receive_fds(total_fds)
+        existed = request.dir_id in self.run_dirs
         outcomes: list[StepOutcome] = []
+        files: dict[str, str] = {}
+        missing: list[str] = []
+        error: str | None = None
         try:
             run_dir = self._prepare(request)
             offset = 0
@@ -129,21 +138,14 @@ class Zygote:
                 if failed and request.stop_after_failure:
                     break
             files, missing = self._collect(request.dir_id, request.collect)
-        except Exception as error:
-            self._release(request.dir_id)
-            return RunReply(
-                outcomes,
-                {},
-                [],
-                fingerprint(frozenset(self.run_dirs)),
-                error=f"{type(error).__name__}: {error}",
-            )
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
         finally:
             for fd in cgroup_fds:
                 os.close(fd)
-        if not request.keep_dir:
+        if not request.keep_dir or (error is not None and not existed):
             self._release(request.dir_id)
-        return RunReply(outcomes, files, missing, fingerprint(frozenset(self.run_dirs)))
+        return RunReply(outcomes, files, missing, fingerprint(frozenset(self.run_dirs)), error=error)
 
     def _receive_fds(self, count: int) -> list[int]:
         if count == 0:
@@ -201,7 +203,7 @@ class Zygote:
             try:
                 target = _inside(work, relative, resolve=True)
                 fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except (OSError, SymlinkEscape):
+            except (OSError, ValueError):
                 missing.append(relative)
                 continue
             with os.fdopen(fd, "rb") as handle:
