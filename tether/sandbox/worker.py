@@ -35,27 +35,34 @@ class IdMap:
         return f"0 {self.host_base} 1\n{self.run_id} {self.host_base + self.run_id} 1\n"
 
 
-async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, count: int) -> bytes:
-    buffer = bytearray()
-    while len(buffer) < count:
-        chunk = await loop.sock_recv(sock, count - len(buffer))
-        if not chunk:
-            raise EOFError("worker closed its control socket")
-        buffer += chunk
-    return bytes(buffer)
+class Channel:
+    """Framed JSON over the worker's control socket, on asyncio streams (the socket stays registered)."""
 
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
 
-async def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    length = protocol.decode_header(await _recv_exactly(loop, sock, 4))
-    message = json.loads(await _recv_exactly(loop, sock, length))
-    if not isinstance(message, dict):
-        raise WorkerError("worker sent a frame that is not a JSON object")
-    return message
+    @classmethod
+    async def open(cls, sock: socket.socket) -> Channel:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
 
+    async def send(self, payload: dict[str, Any]) -> None:
+        self.writer.write(protocol.encode_frame(payload))
+        await self.writer.drain()
 
-async def send_frame(sock: socket.socket, payload: dict[str, Any]) -> None:
-    await asyncio.get_running_loop().sock_sendall(sock, protocol.encode_frame(payload))
+    async def receive(self) -> dict[str, Any]:
+        try:
+            length = protocol.decode_header(await self.reader.readexactly(4))
+            message = json.loads(await self.reader.readexactly(length))
+        except asyncio.IncompleteReadError:
+            raise EOFError("worker closed its control socket") from None
+        if not isinstance(message, dict):
+            raise WorkerError("worker sent a frame that is not a JSON object")
+        return message
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 class Worker:
@@ -66,7 +73,7 @@ class Worker:
         self.python_executable = python_executable
         self.baseline_fingerprint = ""
         self.process: asyncio.subprocess.Process | None = None
-        self._control: socket.socket | None = None
+        self._control: Channel | None = None
         self._fds: socket.socket | None = None
         self._skeleton: str | None = None
         self.runs_served = 0
@@ -98,9 +105,8 @@ class Worker:
         )
         control_child.close()
         fds_child.close()
-        control.setblocking(False)
         fds.setblocking(False)
-        self._control, self._fds = control, fds
+        self._control, self._fds = await Channel.open(control), fds
         try:
             await asyncio.wait_for(self._handshake(init), timeout_s)
         except BaseException:
@@ -109,21 +115,21 @@ class Worker:
 
     async def _handshake(self, init: WorkerInit) -> None:
         assert self._control is not None and self.process is not None
-        await send_frame(self._control, protocol.to_json(init))
+        await self._control.send(protocol.to_json(init))
         message = await self._expect("map_ids")
         pid = self.process.pid
         with open(f"/proc/{pid}/uid_map", "w") as handle:
             handle.write(self.ids.lines())
         with open(f"/proc/{pid}/gid_map", "w") as handle:
             handle.write(self.ids.lines())
-        await send_frame(self._control, {"op": "ids_mapped"})
+        await self._control.send({"op": "ids_mapped"})
         message = await self._expect("ready")
         self.baseline_fingerprint = str(message["fingerprint"])
 
     async def _expect(self, op: str) -> dict[str, Any]:
         assert self._control is not None
         try:
-            message = await recv_frame(self._control)
+            message = await self._control.receive()
         except EOFError:
             raise WorkerError(f"worker {self.name} exited while starting") from None
         if message.get("op") == "error":
@@ -134,7 +140,7 @@ class Worker:
 
     async def run(self, request: RunRequest, cgroup_fds: list[int]) -> RunReply:
         assert self._control is not None and self._fds is not None
-        await send_frame(self._control, {"op": "run", **protocol.to_json(request)})
+        await self._control.send({"op": "run", **protocol.to_json(request)})
         if cgroup_fds:
             socket.send_fds(self._fds, [b"f"], cgroup_fds)
         message = await self._expect("result")
@@ -147,13 +153,13 @@ class Worker:
 
     async def download(self, dir_id: str, paths: list[str]) -> tuple[dict[str, str], list[str]]:
         assert self._control is not None
-        await send_frame(self._control, {"op": "download", "dir_id": dir_id, "paths": paths})
+        await self._control.send({"op": "download", "dir_id": dir_id, "paths": paths})
         message = await self._expect("files")
         return dict(message["files"]), list(message["missing"])
 
     async def release(self, dir_id: str) -> str:
         assert self._control is not None
-        await send_frame(self._control, {"op": "release", "dir_id": dir_id})
+        await self._control.send({"op": "release", "dir_id": dir_id})
         return str((await self._expect("released"))["fingerprint"])
 
     async def kill(self) -> None:
@@ -161,9 +167,10 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
             await self.process.wait()
-        for sock in (self._control, self._fds):
-            if sock is not None:
-                sock.close()
+        if self._control is not None:
+            self._control.close()
+        if self._fds is not None:
+            self._fds.close()
         self._control = self._fds = None
         if self._skeleton is not None:
             with contextlib.suppress(OSError):
@@ -173,7 +180,7 @@ class Worker:
     async def stop(self) -> None:
         if self._control is not None and self.alive:
             with contextlib.suppress(OSError):
-                await send_frame(self._control, {"op": "shutdown"})
+                await self._control.send({"op": "shutdown"})
             assert self.process is not None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.process.wait(), 2.0)
