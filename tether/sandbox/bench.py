@@ -85,7 +85,7 @@ async def run_benchmark(
     pool: SandboxPool,
     pool_runs: int,
     fresh_runs: int,
-    rounds: int = 5,
+    rounds: int = 10,
     warmup_runs: int = 20,
     on_run: Callable[[], None] | None = None,
 ) -> dict[str, object]:
