@@ -189,11 +189,11 @@ def _outcome(**changes: object) -> StepOutcome:
     ],
 )
 def test_classification_rules(outcome: StepOutcome, oom_kills: int, expected: RunStatus) -> None:
-    assert classify(outcome, CgroupStats(1.0, 100, oom_kills)) is expected
+    assert classify(outcome, CgroupStats(100, oom_kills)) is expected
 
 
 def test_failed_compile_is_a_compile_error() -> None:
-    assert classify(_outcome(exit_code=1), CgroupStats(1.0, 1, 0), is_compile=True) is RunStatus.COMPILE_ERROR
+    assert classify(_outcome(exit_code=1), CgroupStats(1, 0), is_compile=True) is RunStatus.COMPILE_ERROR
 
 
 @pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "", "bad\0name"])
@@ -205,3 +205,11 @@ async def test_paths_outside_the_workdir_are_refused_before_a_slot_is_taken(
     with pytest.raises(ConfigError, match="must be relative to the working directory"):
         await pool.run("print(1)", collect=[path])
     assert pool.busy_slots == 0 and pool.workers_replaced == 0
+
+
+async def test_cpu_time_counts_every_process_of_the_run(pool: SandboxPool) -> None:
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    code = f"python3 -c '{burn}' &\npython3 -c '{burn}' &\nwait"
+    result = await pool.run(code, language="bash", spec=SandboxSpec(cpu_limit=2))
+    assert result.status is RunStatus.OK, result
+    assert result.cpu_ms >= 550

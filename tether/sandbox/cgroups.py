@@ -1,8 +1,9 @@
 """Per-run cgroups for memory, pids and CPU, on cgroup v1 or v2, created and read by the host.
 
 The host creates each run's group, opens its `cgroup.procs` for the run to join (the descriptor is
-passed into the sandbox, so the sandbox never sees cgroupfs), and afterwards reads CPU time, peak memory
-and the OOM-kill counter, which is how a memory-limit kill is told from any other exit.
+passed into the sandbox, so the sandbox never sees cgroupfs), and afterwards reads peak memory and the
+OOM-kill counter, which is how a memory-limit kill is told from any other exit. CPU time comes from the
+run's rusage (its PID namespace reaps every descendant into it), so no cpuacct group is needed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class CgroupLimits:
 
 @dataclass(frozen=True, slots=True)
 class CgroupStats:
-    cpu_ms: float
     peak_memory_kib: int
     oom_kills: int
 
@@ -97,10 +97,10 @@ def detect_layout(
     v1: dict[str, Path] = {}
     for hierarchy in hierarchies:
         if hierarchy.version is CgroupVersion.V1:
-            for controller in hierarchy.controllers & {*REQUIRED_CONTROLLERS, "cpuacct"}:
+            for controller in hierarchy.controllers & set(REQUIRED_CONTROLLERS):
                 own = own_paths.get(controller, "/").lstrip("/")
                 v1[controller] = Path(hierarchy.mount_point) / own / namespace
-    if all(c in v1 for c in REQUIRED_CONTROLLERS) and "cpuacct" in v1:
+    if all(c in v1 for c in REQUIRED_CONTROLLERS):
         return CgroupLayout(CgroupVersion.V1, v1)
     unified = [h for h in hierarchies if h.version is CgroupVersion.V2]
     if unified and v2_controllers is not None and set(REQUIRED_CONTROLLERS) <= v2_controllers:
@@ -186,17 +186,15 @@ class RunCgroup:
 
     def stats(self) -> CgroupStats:
         if self.layout.version is CgroupVersion.V1:
-            cpu_ns = int(_read(self.paths["cpuacct"] / "cpuacct.usage"))
             memory = self.paths["memory"]
             peak = int(_read(memory / "memory.max_usage_in_bytes"))
             oom_kills = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0)
-            return CgroupStats(cpu_ns / 1e6, peak // 1024, oom_kills)
+            return CgroupStats(peak // 1024, oom_kills)
         group = self.paths["memory"]
-        usage_us = _read_keyed(group / "cpu.stat").get("usage_usec", 0)
         peak_file = group / "memory.peak"
         peak = int(_read(peak_file)) if peak_file.exists() else 0
         oom_kills = _read_keyed(group / "memory.events").get("oom_kill", 0)
-        return CgroupStats(usage_us / 1e3, peak // 1024, oom_kills)
+        return CgroupStats(peak // 1024, oom_kills)
 
     def live_pids(self) -> set[int]:
         try:

@@ -361,7 +361,7 @@ class SandboxPool:
     ) -> RunResult:
         if reply is None or reply.error:
             return RunResult(status=RunStatus.SANDBOX_ERROR, error=error or (reply.error if reply else None))
-        empty = CgroupStats(0.0, 0, 0)
+        empty = CgroupStats(0, 0)
         compile_output = None
         outcomes = list(reply.steps)
         step_stats = stats or [empty] * len(outcomes)
@@ -397,7 +397,7 @@ class SandboxPool:
             stdout_truncated=outcome.stdout_truncated,
             stderr_truncated=outcome.stderr_truncated,
             wall_ms=round(outcome.wall_ms, 3),
-            cpu_ms=round(outcome_stats.cpu_ms, 3),
+            cpu_ms=round(outcome.cpu_ms, 3),
             peak_memory_kib=outcome_stats.peak_memory_kib,
             files=reply.files,
             missing_files=reply.missing_files,

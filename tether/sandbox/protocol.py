@@ -80,6 +80,7 @@ class StepOutcome:
     stderr_truncated: bool
     wall_ms: float
     setup_error: str | None = None
+    cpu_ms: float = 0.0
 
 
 @dataclass(slots=True)

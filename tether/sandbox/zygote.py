@@ -38,7 +38,7 @@ from tether.sandbox.rootfs import STAGING, build_root
 WORKER_NAMESPACES = Clone.NEWUSER | Clone.NEWNS | Clone.NEWNET | Clone.NEWIPC | Clone.NEWUTS | Clone.NEWPID
 _READ_CHUNK = 65536
 _MAX_RUN_FDS = 16
-_WAIT_STATUS = struct.Struct("=i")
+_WAIT_STATUS = struct.Struct("=idd")  # wait status, user and system CPU seconds of the run and its reaped
 
 
 def _bring_loopback_up() -> None:
@@ -312,10 +312,10 @@ class Zygote:
         finally:
             for fd in (out_r, err_r, status_r, pidfd):
                 os.close(fd)
-        reply = self.forker.recv(16)
+        reply = self.forker.recv(_WAIT_STATUS.size + 16)
         if len(reply) != _WAIT_STATUS.size:
             raise RuntimeError("the fork server did not report the run's exit")
-        (status,) = _WAIT_STATUS.unpack(reply)
+        status, user_s, system_s = _WAIT_STATUS.unpack(reply)
         wall_ms = (time.perf_counter() - started) * 1000
         exit_code = os.waitstatus_to_exitcode(status)
         return StepOutcome(
@@ -329,6 +329,7 @@ class Zygote:
             stderr_truncated=truncated[err_r],
             wall_ms=wall_ms,
             setup_error=setup_error.decode(errors="replace") if setup_error else None,
+            cpu_ms=(user_s + system_s) * 1000,
         )
 
 
@@ -379,8 +380,8 @@ def _serve_forks(channel: socket.socket, seccomp_bpf: bytes) -> None:
         pidfd = os.pidfd_open(pid)
         socket.send_fds(channel, [b"p"], [pidfd])
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        channel.send(_WAIT_STATUS.pack(status))
+        _, status, usage = os.wait4(pid, 0)
+        channel.send(_WAIT_STATUS.pack(status, usage.ru_utime, usage.ru_stime))
 
 
 def _become_run(fds: list[int], seccomp_bpf: bytes) -> None:
