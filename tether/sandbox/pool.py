@@ -24,7 +24,6 @@ from tether.sandbox import protocol
 from tether.sandbox.cgroups import (
     CgroupLayout,
     CgroupLimits,
-    CgroupStats,
     RunCgroup,
     prepare_layout,
     remove_stale_groups,
@@ -34,7 +33,7 @@ from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
-from tether.sandbox.result import CompileOutput, RunResult, RunStage, RunStatus, classify
+from tether.sandbox.result import RunResult, RunStatus, assemble
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec, workdir_path
@@ -336,7 +335,7 @@ class SandboxPool:
             await worker.kill()
         stats = [group.stats() for group in cgroups]
         report = quality_check(worker, reply, cgroups)
-        result = self._assemble(reply, stats, compiled, error)
+        result = assemble(reply, stats, compiled, error)
         result.qc, result.qc_detail, result.worker = report.status, report.reasons, worker.name
         self.status_counts[result.status] += 1
         keep = report.passed and worker.alive and worker.runs_served < self.config.max_runs_per_worker
@@ -354,56 +353,6 @@ class SandboxPool:
             group.create(limits)
             groups.append(group)
         return groups
-
-    @staticmethod
-    def _assemble(
-        reply: RunReply | None, stats: list[CgroupStats], compiled: bool, error: str | None
-    ) -> RunResult:
-        if reply is None or reply.error:
-            return RunResult(status=RunStatus.SANDBOX_ERROR, error=error or (reply.error if reply else None))
-        empty = CgroupStats(0, 0)
-        compile_output = None
-        outcomes = list(reply.steps)
-        step_stats = stats or [empty] * len(outcomes)
-        if compiled and outcomes:
-            first = outcomes.pop(0)
-            first_stats = step_stats.pop(0) if step_stats else empty
-            compile_output = CompileOutput(
-                exit_code=first.exit_code,
-                stdout=protocol.b64decode(first.stdout_b64).decode(errors="replace"),
-                stderr=protocol.b64decode(first.stderr_b64).decode(errors="replace"),
-                wall_ms=first.wall_ms,
-            )
-            status = classify(first, first_stats, is_compile=True)
-            if status is not RunStatus.OK:
-                return RunResult(
-                    status=status,
-                    stage=RunStage.COMPILE,
-                    compile=compile_output,
-                    error=first.setup_error,
-                    exit_code=first.exit_code,
-                )
-        if not outcomes:
-            return RunResult(
-                status=RunStatus.SANDBOX_ERROR, error="the run step did not execute", compile=compile_output
-            )
-        outcome, outcome_stats = outcomes[0], (step_stats[0] if step_stats else empty)
-        return RunResult(
-            status=classify(outcome, outcome_stats),
-            exit_code=outcome.exit_code,
-            signal=outcome.signal,
-            stdout=protocol.b64decode(outcome.stdout_b64).decode(errors="replace"),
-            stderr=protocol.b64decode(outcome.stderr_b64).decode(errors="replace"),
-            stdout_truncated=outcome.stdout_truncated,
-            stderr_truncated=outcome.stderr_truncated,
-            wall_ms=round(outcome.wall_ms, 3),
-            cpu_ms=round(outcome.cpu_ms, 3),
-            peak_memory_kib=outcome_stats.peak_memory_kib,
-            files=reply.files,
-            missing_files=reply.missing_files,
-            compile=compile_output,
-            error=outcome.setup_error,
-        )
 
     def _give_back(self, worker: Worker, keep: bool) -> None:
         if keep:

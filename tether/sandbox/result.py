@@ -7,8 +7,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from tether.sandbox import protocol
 from tether.sandbox.cgroups import CgroupStats
-from tether.sandbox.protocol import StepOutcome
+from tether.sandbox.protocol import RunReply, StepOutcome
 
 
 class RunStatus(StrEnum):
@@ -79,3 +80,54 @@ def classify(outcome: StepOutcome, stats: CgroupStats, *, is_compile: bool = Fal
     if outcome.exit_code == 0:
         return RunStatus.OK
     return RunStatus.RUNTIME_ERROR
+
+
+def assemble(
+    reply: RunReply | None, stats: list[CgroupStats], compiled: bool, error: str | None
+) -> RunResult:
+    """One result from a worker's reply and each step's cgroup figures (pure)."""
+    if reply is None or reply.error:
+        return RunResult(status=RunStatus.SANDBOX_ERROR, error=error or (reply.error if reply else None))
+    empty = CgroupStats(0, 0)
+    compile_output = None
+    outcomes = list(reply.steps)
+    step_stats = stats or [empty] * len(outcomes)
+    if compiled and outcomes:
+        first = outcomes.pop(0)
+        first_stats = step_stats.pop(0) if step_stats else empty
+        compile_output = CompileOutput(
+            exit_code=first.exit_code,
+            stdout=protocol.b64decode(first.stdout_b64).decode(errors="replace"),
+            stderr=protocol.b64decode(first.stderr_b64).decode(errors="replace"),
+            wall_ms=first.wall_ms,
+        )
+        status = classify(first, first_stats, is_compile=True)
+        if status is not RunStatus.OK:
+            return RunResult(
+                status=status,
+                stage=RunStage.COMPILE,
+                compile=compile_output,
+                error=first.setup_error,
+                exit_code=first.exit_code,
+            )
+    if not outcomes:
+        return RunResult(
+            status=RunStatus.SANDBOX_ERROR, error="the run step did not execute", compile=compile_output
+        )
+    outcome, outcome_stats = outcomes[0], (step_stats[0] if step_stats else empty)
+    return RunResult(
+        status=classify(outcome, outcome_stats),
+        exit_code=outcome.exit_code,
+        signal=outcome.signal,
+        stdout=protocol.b64decode(outcome.stdout_b64).decode(errors="replace"),
+        stderr=protocol.b64decode(outcome.stderr_b64).decode(errors="replace"),
+        stdout_truncated=outcome.stdout_truncated,
+        stderr_truncated=outcome.stderr_truncated,
+        wall_ms=round(outcome.wall_ms, 3),
+        cpu_ms=round(outcome.cpu_ms, 3),
+        peak_memory_kib=outcome_stats.peak_memory_kib,
+        files=reply.files,
+        missing_files=reply.missing_files,
+        compile=compile_output,
+        error=outcome.setup_error,
+    )

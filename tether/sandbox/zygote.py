@@ -7,9 +7,8 @@ uid/gid maps, and forks the zygote, PID 1 of the worker's PID namespace, so that
 requests one at a time: each run gets a fresh tmpfs, PID/mount/IPC namespaces and the cgroups the host
 passed in. It never decides a run's status: it reports raw outcomes, the host classifies them.
 
-Runs are not forked from the zygote but from its fork server, a copy taken before the first request:
-the zygote's heap keeps remnants of every run it served (code, stdin, files, output), and a warm
-Python run can read all the memory it inherits. The fork server only ever receives descriptors.
+Runs are not forked from the zygote but from its fork server (`forkserver.py`), a copy taken before
+the first request, so no run can read what an earlier one left in the zygote's memory.
 """
 
 from __future__ import annotations
@@ -29,16 +28,14 @@ import sys
 import time
 import traceback
 
-from tether.sandbox import linux, protocol
-from tether.sandbox.child import ChildPlan, become_run, encode_plan
+from tether.sandbox import forkserver, linux, protocol
+from tether.sandbox.child import ChildPlan, encode_plan
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
 
 WORKER_NAMESPACES = Clone.NEWUSER | Clone.NEWNS | Clone.NEWNET | Clone.NEWIPC | Clone.NEWUTS | Clone.NEWPID
 _READ_CHUNK = 65536
-_MAX_RUN_FDS = 16
-_WAIT_STATUS = struct.Struct("=idd")  # wait status, user and system CPU seconds of the run and its reaped
 
 
 def _bring_loopback_up() -> None:
@@ -312,10 +309,10 @@ class Zygote:
         finally:
             for fd in (out_r, err_r, status_r, pidfd):
                 os.close(fd)
-        reply = self.forker.recv(_WAIT_STATUS.size + 16)
-        if len(reply) != _WAIT_STATUS.size:
+        reply = self.forker.recv(forkserver.EXIT_REPORT.size + 16)
+        if len(reply) != forkserver.EXIT_REPORT.size:
             raise RuntimeError("the fork server did not report the run's exit")
-        status, user_s, system_s = _WAIT_STATUS.unpack(reply)
+        status, user_s, system_s = forkserver.EXIT_REPORT.unpack(reply)
         wall_ms = (time.perf_counter() - started) * 1000
         exit_code = os.waitstatus_to_exitcode(status)
         return StepOutcome(
@@ -336,57 +333,6 @@ class Zygote:
 def _kill(pidfd: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-
-
-def _start_fork_server(seccomp_bpf: bytes, inherited: list[socket.socket]) -> socket.socket:
-    """Fork the process runs are forked from, now, while this heap holds nothing of any run."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for sock in (ours, *inherited):
-                sock.close()
-            linux.set_process_name("tether-forker")
-            _serve_forks(theirs, seccomp_bpf)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    theirs.close()
-    return ours
-
-
-def _serve_forks(channel: socket.socket, seccomp_bpf: bytes) -> None:
-    """For each request, fork a run as PID 1 of a new PID namespace; answer its pidfd, then its exit.
-
-    A request is one byte carrying descriptors: the plan's memfd, then the run's own. The plan is read
-    by the forked child, never here, so nothing a run sends or prints reaches this process's memory.
-    """
-    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    while True:
-        _, fds, _, _ = socket.recv_fds(channel, 1, _MAX_RUN_FDS)
-        if not fds:
-            return
-        linux.unshare(Clone.NEWPID)
-        try:
-            pid = os.fork()
-            if pid == 0:
-                _become_run(fds, seccomp_bpf)
-        finally:
-            linux.setns(own_pid_ns, Clone.NEWPID)
-        for fd in fds:
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        socket.send_fds(channel, [b"p"], [pidfd])
-        os.close(pidfd)
-        _, status, usage = os.wait4(pid, 0)
-        channel.send(_WAIT_STATUS.pack(status, usage.ru_utime, usage.ru_stime))
-
-
-def _become_run(fds: list[int], seccomp_bpf: bytes) -> None:
-    plan_fd, *run_fds = fds
-    become_run(plan_fd, run_fds, seccomp_bpf)
 
 
 class SymlinkEscape(ValueError):
@@ -424,7 +370,7 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
                 importlib.import_module(module)
         # Objects that exist now are never collected, so forked runs do not copy their pages to scan them.
         gc.freeze()
-        forker = _start_fork_server(protocol.b64decode(init.seccomp_bpf_b64), [control, fd_channel])
+        forker = forkserver.start(protocol.b64decode(init.seccomp_bpf_b64), [control, fd_channel])
         zygote = Zygote(control, fd_channel, init, forker, shadows)
     except Exception:
         protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
