@@ -46,14 +46,14 @@ def test_v2_without_memory_controller_is_unusable() -> None:
 
 
 def test_v2_group_writes_limits_and_reads_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def mkdir_like_cgroupfs(self: Path, *args: object, **kwargs: object) -> None:
-        real_mkdir(self)
+    def mkdir_like_cgroupfs(path: str, mode: int = 0o777) -> None:
+        real_mkdir(path, mode)
         for name in ("memory.max", "memory.swap.max", "pids.max", "cpu.max", "cgroup.procs"):
-            (self / name).touch()
+            Path(path, name).touch()
 
-    monkeypatch.setattr(Path, "mkdir", mkdir_like_cgroupfs)
+    monkeypatch.setattr(os, "mkdir", mkdir_like_cgroupfs)
     layout = detect_layout(
         V2_MOUNTINFO.replace("/sys/fs/cgroup", str(tmp_path)), "0::/\n", {"memory", "pids", "cpu"}
     )

@@ -140,7 +140,7 @@ def _read(path: Path | str) -> str:
         os.close(fd)
 
 
-def _read_keyed(path: Path) -> dict[str, int]:
+def _read_keyed(path: Path | str) -> dict[str, int]:
     values = {}
     for line in _read(path).splitlines():
         key, _, value = line.partition(" ")
@@ -154,46 +154,47 @@ class RunCgroup:
 
     def __init__(self, layout: CgroupLayout, name: str) -> None:
         self.layout = layout
-        self.paths = {controller: base / name for controller, base in layout.bases.items()}
+        # Plain strings: these paths are built and used on every run.
+        self.paths = {controller: f"{base}/{name}" for controller, base in layout.bases.items()}
         self.directories = sorted(set(self.paths.values()))
         # Every run process joins every hierarchy before it can fork, so the pids group lists them all.
-        self._procs_file = str(self.paths["pids"] / "cgroup.procs")
+        self._procs_file = f"{self.paths['pids']}/cgroup.procs"
 
     def create(self, limits: CgroupLimits) -> None:
         for directory in self.directories:
-            directory.mkdir()
+            os.mkdir(directory)
         quota = max(int(limits.cpu_cores * CPU_PERIOD_US), 1000)
         if self.layout.version is CgroupVersion.V1:
             memory = self.paths["memory"]
-            _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+            _write(f"{memory}/memory.limit_in_bytes", str(limits.memory_bytes))
             with contextlib.suppress(FileNotFoundError):
-                _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-            _write(self.paths["pids"] / "pids.max", str(limits.pids_max))
-            _write(self.paths["cpu"] / "cpu.cfs_quota_us", str(quota))
+                _write(f"{memory}/memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+            _write(f"{self.paths['pids']}/pids.max", str(limits.pids_max))
+            _write(f"{self.paths['cpu']}/cpu.cfs_quota_us", str(quota))
         else:
             group = self.paths["memory"]
-            _write(group / "memory.max", str(limits.memory_bytes))
+            _write(f"{group}/memory.max", str(limits.memory_bytes))
             with contextlib.suppress(FileNotFoundError):
-                _write(group / "memory.swap.max", "0")
-            _write(group / "pids.max", str(limits.pids_max))
-            _write(group / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+                _write(f"{group}/memory.swap.max", "0")
+            _write(f"{group}/pids.max", str(limits.pids_max))
+            _write(f"{group}/cpu.max", f"{quota} {CPU_PERIOD_US}")
 
     def open_procs(self) -> list[int]:
         """Write-only descriptors of each group's `cgroup.procs`; writing "0" moves the writer in."""
         return [
-            os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for directory in self.directories
+            os.open(f"{directory}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for directory in self.directories
         ]
 
     def stats(self) -> CgroupStats:
         if self.layout.version is CgroupVersion.V1:
             memory = self.paths["memory"]
-            peak = int(_read(memory / "memory.max_usage_in_bytes"))
-            oom_kills = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0)
+            peak = int(_read(f"{memory}/memory.max_usage_in_bytes"))
+            oom_kills = _read_keyed(f"{memory}/memory.oom_control").get("oom_kill", 0)
             return CgroupStats(peak // 1024, oom_kills)
         group = self.paths["memory"]
-        peak_file = group / "memory.peak"
-        peak = int(_read(peak_file)) if peak_file.exists() else 0
-        oom_kills = _read_keyed(group / "memory.events").get("oom_kill", 0)
+        peak_file = f"{group}/memory.peak"
+        peak = int(_read(peak_file)) if os.path.exists(peak_file) else 0
+        oom_kills = _read_keyed(f"{group}/memory.events").get("oom_kill", 0)
         return CgroupStats(peak // 1024, oom_kills)
 
     def live_pids(self) -> set[int]:
@@ -208,7 +209,7 @@ class RunCgroup:
         remaining = list(self.directories)
         while remaining:
             try:
-                remaining[0].rmdir()
+                os.rmdir(remaining[0])
                 remaining.pop(0)
             except FileNotFoundError:
                 remaining.pop(0)
