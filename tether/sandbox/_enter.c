@@ -235,7 +235,32 @@ static PyObject *enter(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* Small wrappers the fork server needs on its per-run path, so that it carries no ctypes. */
+static PyObject *py_unshare(PyObject *module, PyObject *arg) {
+    int flags = (int)PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (unshare(flags) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_setns(PyObject *module, PyObject *args) {
+    int fd, nstype;
+    if (!PyArg_ParseTuple(args, "ii", &fd, &nstype)) return NULL;
+    if (setns(fd, nstype) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_process_name(PyObject *module, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL) return NULL;
+    if (prctl(PR_SET_NAME, name, 0, 0, 0) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"unshare", (PyCFunction)py_unshare, METH_O, "unshare(flags): unshare(2)."},
+    {"setns", (PyCFunction)py_setns, METH_VARARGS, "setns(fd, nstype): setns(2)."},
+    {"set_process_name", (PyCFunction)py_set_process_name, METH_O, "Name the calling thread (15 bytes)."},
     {"enter", (PyCFunction)enter, METH_VARARGS,
      "enter(plan_fd, (stdout_fd, stderr_fd, status_fd, *cgroup_fds), seccomp_bpf) -> (script, env)\n\n"
      "Isolate the calling (freshly forked) process as a run. Execs the program and never returns, or, "

@@ -1,5 +1,7 @@
 """What a freshly forked run process does before the untrusted code starts, and the warm Python runner.
 
+Imported by the fork server, whose every page each run copies on write: it imports nothing heavy.
+
 The process arrives here as PID 1 of a new PID namespace (so every process it leaves behind dies with
 it), forked by the worker's fork server (`zygote.py`) with its plan in a memfd. The isolation steps
 themselves are plain system calls in `_enter.c` (a forked interpreter pays a copy-on-write fault for
@@ -18,59 +20,12 @@ import os
 import signal
 import sys
 import threading
-import traceback
 import types
-from dataclasses import dataclass, field
 
 from tether.sandbox import _enter
 
 SETUP_FAILED_EXIT = 125
 STATUS_FD = 3  # where `_enter.enter` leaves the setup-status pipe for the warm-Python path
-
-
-@dataclass(slots=True)
-class ChildPlan:
-    run_dir: str  # the run's tmpfs under STAGING, holding work/, tmp/, shm/ and meta/
-    workdir: str
-    argv: list[str]
-    inline_python: str | None
-    env: dict[str, str]
-    uid: int
-    gid: int
-    cgroup_fds: list[int]
-    stdout_fd: int
-    stderr_fd: int
-    status_fd: int
-    cpu_time_limit_s: int
-    open_files_max: int
-    file_size_max_bytes: int
-    shadows: list[tuple[str, str]] = field(default_factory=list)  # (alias in the root view, path to re-bind)
-
-
-def encode_plan(plan: ChildPlan) -> tuple[bytes, list[int]]:
-    """The plan in `_enter.c`'s format (NUL-terminated fields), and the descriptors that travel beside it."""
-    fields = [
-        plan.run_dir,
-        plan.workdir,
-        str(plan.uid),
-        str(plan.gid),
-        str(plan.cpu_time_limit_s),
-        str(plan.open_files_max),
-        str(plan.file_size_max_bytes),
-        "python" if plan.inline_python is not None else "exec",
-        str(len(plan.argv)),
-        *plan.argv,
-        str(len(plan.env)),
-        *(f"{key}={value}" for key, value in plan.env.items()),
-        str(2 * len(plan.shadows)),
-        *(path for pair in plan.shadows for path in pair),
-    ]
-    if plan.inline_python is not None:
-        fields.append(plan.inline_python)
-    if any("\0" in item for item in fields):
-        raise ValueError("a run's arguments, environment and paths cannot contain NUL characters")
-    data = b"".join(item.encode() + b"\0" for item in fields)
-    return data, [plan.stdout_fd, plan.stderr_fd, plan.status_fd, *plan.cgroup_fds]
 
 
 def become_run(plan_fd: int, run_fds: list[int], seccomp_bpf: bytes) -> None:
@@ -97,11 +52,16 @@ def become_run(plan_fd: int, run_fds: list[int], seccomp_bpf: bytes) -> None:
         os._exit(code)
 
 
-def _run_warm_python(script: str, env: dict[str, str]) -> int:
-    """Run `script` as `python3 script` would, in the forked interpreter that preloaded the stdlib."""
+def _run_warm_python(script: str, env: dict[str, str], finalize: bool = True) -> int:
+    """Run `script` as `python3 script` would, in the forked interpreter that preloaded the stdlib.
+
+    `finalize=False` skips the interpreter's shutdown steps (joining threads, atexit), for a rehearsal
+    in the fork server itself, which must go on living.
+    """
     os.environ.clear()
     os.environ.update(env)
-    atexit._clear()
+    if finalize:
+        atexit._clear()
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="backslashreplace"
@@ -126,21 +86,63 @@ def _run_warm_python(script: str, env: dict[str, str]) -> int:
     except SystemExit as stop:
         exit_code = _exit_code_of(stop)
     except BaseException as error:
-        traceback.print_exception(
-            type(error), error, error.__traceback__.tb_next if error.__traceback__ else None
-        )
+        # The interpreter's own printer, as `python3 script` would use, minus this runner's frame.
+        sys.__excepthook__(type(error), error, error.__traceback__.tb_next if error.__traceback__ else None)
         exit_code = 1
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    except SystemExit as stop:
-        exit_code = _exit_code_of(stop)
+    if finalize:
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]
+            atexit._run_exitfuncs()
+        except SystemExit as stop:
+            exit_code = _exit_code_of(stop)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             exit_code = exit_code or 120
     return exit_code
+
+
+REHEARSALS = (
+    "import sys\nprint(sum(range(1000)))\nprint('note', file=sys.stderr)\nsys.stdin.read()\n",
+    "def check(x):\n    assert x == 1, 'no'\ncheck(2)\n",
+    "import sys\nsys.exit(3)\n",
+)
+
+
+def rehearse(script: str, rounds: int = 10) -> None:
+    """Run small programs through the warm runner here, then undo what they changed.
+
+    A forked run that finds Python's caches cold (attribute lookups, specialised bytecode) fills them at
+    the price of a copy-on-write fault for every page it writes, on every run; filling them once in the
+    fork server spares each run that. `script` is a writable path for the programs (removed afterwards);
+    their standard streams go to /dev/null.
+    """
+    saved_streams = (sys.stdin, sys.stdout, sys.stderr)
+    saved_argv, saved_path, saved_main = list(sys.argv), list(sys.path), sys.modules.get("__main__")
+    saved_environ = dict(os.environ)
+    saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        for _ in range(rounds):
+            for program in REHEARSALS:
+                with open(script, "w", encoding="utf-8") as handle:
+                    handle.write(program)
+                _run_warm_python(script, {"PATH": "/usr/bin:/bin"}, finalize=False)
+    finally:
+        for fd, saved in zip((0, 1, 2), saved_fds, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.close(null)
+        os.remove(script)
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        os.environ.clear()
+        os.environ.update(saved_environ)
 
 
 def _exit_code_of(stop: SystemExit) -> int:

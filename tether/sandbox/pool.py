@@ -98,8 +98,10 @@ class PoolConfig:
             )
 
     def readonly_paths(self) -> list[str]:
+        """System and Python directories, plus tether's own package (the fork server imports it)."""
         prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(self.python_executable))}
-        return [*DEFAULT_READONLY, *sorted(prefixes), *self.extra_readonly_paths]
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return [*DEFAULT_READONLY, *sorted(prefixes), package, *self.extra_readonly_paths]
 
 
 def _encode(data: str | bytes) -> str:

@@ -64,21 +64,29 @@ def covered_by_run_mounts(path: str, workdir: str) -> bool:
 
 
 def _place(new_root: str, host: _HostPath, workdir: str) -> None:
-    """Mirror a host path into `new_root`: a symlink stays a symlink, anything else is bound read-only."""
-    view_path = ALIAS_ROOT + host.path if covered_by_run_mounts(host.path, workdir) else host.path
-    target = new_root + view_path
-    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-    if host.kind == "link":
-        if not os.path.lexists(target):
-            os.symlink(host.link_target, target)
-        return
-    if host.kind == "dir":
-        os.makedirs(target, mode=0o755, exist_ok=True)
-    else:
-        with open(target, "w"):
-            pass
-    _bind_readonly(f"/proc/self/fd/{host.fd}", target)
-    os.close(host.fd)
+    """Mirror a host path into `new_root`: a symlink stays a symlink, anything else is bound read-only.
+
+    A path that a run's own mounts cover is placed twice: where it is, for the worker itself, and under
+    ALIAS_ROOT, from where each run binds it back.
+    """
+    view_paths = [host.path]
+    if covered_by_run_mounts(host.path, workdir):
+        view_paths.append(ALIAS_ROOT + host.path)
+    for view_path in view_paths:
+        target = new_root + view_path
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if host.kind == "link":
+            if not os.path.lexists(target):
+                os.symlink(host.link_target, target)
+            continue
+        if host.kind == "dir":
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        else:
+            with open(target, "w"):
+                pass
+        _bind_readonly(f"/proc/self/fd/{host.fd}", target)
+    if host.fd >= 0:
+        os.close(host.fd)
 
 
 def build_root(

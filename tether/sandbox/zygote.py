@@ -1,23 +1,22 @@
-"""The sandbox worker: enters its namespaces once, pivots into the read-only root, then forks runs.
+"""The sandbox worker: enters its namespaces once, pivots into the read-only root, then serves runs.
 
 Started by the host (`worker.py`) as `python -I -m tether.sandbox.zygote CTRL_FD FDS_FD`. The launcher
 process takes new user, mount, network, IPC, UTS and PID namespaces, waits for the host to write its
 uid/gid maps, and forks the zygote, PID 1 of the worker's PID namespace, so that killing the launcher
-(or the host dying) takes every run with it. The zygote preloads the standard library, then serves run
-requests one at a time: each run gets a fresh tmpfs, PID/mount/IPC namespaces and the cgroups the host
-passed in. It never decides a run's status: it reports raw outcomes, the host classifies them.
+(or the host dying) takes every run with it. The zygote starts the fork server (which preloads the
+standard library), then serves run requests one at a time: each run gets a fresh tmpfs, PID, mount
+and IPC namespaces and the cgroups the host passed in. It never decides a run's status: it reports raw
+outcomes, the host classifies them.
 
-Runs are not forked from the zygote but from its fork server (`forkserver.py`), a copy taken before
-the first request, so no run can read what an earlier one left in the zygote's memory.
+Runs are not forked from the zygote but from the fork server (`forkserver.py`), a fresh interpreter
+that never holds a run's data, so no run can read what an earlier one left in memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import gc
 import hashlib
-import importlib
 import os
 import select
 import signal
@@ -29,8 +28,8 @@ import time
 import traceback
 
 from tether.sandbox import forkserver, linux, protocol
-from tether.sandbox.child import ChildPlan, encode_plan
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
+from tether.sandbox.plan import ChildPlan, encode_plan
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
 
@@ -365,12 +364,13 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if init.loopback_up:
             _bring_loopback_up()
-        for module in init.preload_modules:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(module)
-        # Objects that exist now are never collected, so forked runs do not copy their pages to scan them.
-        gc.freeze()
-        forker = forkserver.start(protocol.b64decode(init.seccomp_bpf_b64), [control, fd_channel])
+        forker = forkserver.start(
+            sys.executable,
+            protocol.b64decode(init.seccomp_bpf_b64),
+            init.preload_modules,
+            f"{STAGING}/.rehearsal.py",
+            [control, fd_channel],
+        )
         zygote = Zygote(control, fd_channel, init, forker, shadows)
     except Exception:
         protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
