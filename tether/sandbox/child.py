@@ -105,6 +105,8 @@ def _run_warm_python(script: str, env: dict[str, str], finalize: bool = True) ->
 
 REHEARSALS = (
     "import sys\nprint(sum(range(1000)))\nprint('note', file=sys.stderr)\nsys.stdin.read()\n",
+    "from typing import List\nimport math\n\n\ndef f(xs: List[int]) -> int:\n"
+    "    return sum(math.isqrt(x) for x in xs)\n\n\nassert f([1, 4, 9]) == 6\nprint({'k': [f([16])]})\n",
     "def check(x):\n    assert x == 1, 'no'\ncheck(2)\n",
     "import sys\nsys.exit(3)\n",
 )
