@@ -30,11 +30,10 @@ linux.unshare(int(sys.argv[1]))
 """
 
 _SECCOMP_PROBE = """
-import errno, os
+import errno
 from tether.sandbox import linux
-from tether.sandbox.seccomp import compile_bpf
-linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)
-linux.load_seccomp_bpf(compile_bpf())
+from tether.sandbox.seccomp import build_filter
+build_filter().load()
 try:
     linux.unshare(linux.Clone.NEWNS)
 except OSError as error:

@@ -38,9 +38,6 @@ class Mount(IntFlag):
 
 MNT_DETACH = 0x2
 PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
 
 # statvfs f_flag bits that a user namespace may not drop on a bind remount (they are "locked").
 _ST_LOCKED = {
@@ -60,10 +57,6 @@ def _check(result: int, what: str) -> None:
 def unshare(flags: int) -> None:
     if _libc.unshare(ctypes.c_int(flags)) != 0:  # the message is built only on failure: this is per run
         _check(-1, f"unshare({Clone(flags)!r})")
-
-
-def setns(fd: int, nstype: int) -> None:
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
 def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -108,37 +101,6 @@ def prctl(option: int, arg2: int = 0) -> None:
             ctypes.c_ulong(0),
         ),
         f"prctl({option})",
-    )
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16),
-        ("jt", ctypes.c_uint8),
-        ("jf", ctypes.c_uint8),
-        ("k", ctypes.c_uint32),
-    ]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def load_seccomp_bpf(program: bytes) -> None:
-    """Install a compiled classic-BPF seccomp program on the calling thread (no_new_privs must be set)."""
-    count = len(program) // ctypes.sizeof(_SockFilter)
-    assert count * ctypes.sizeof(_SockFilter) == len(program), "truncated BPF program"
-    instructions = (_SockFilter * count).from_buffer_copy(program)
-    fprog = _SockFprog(count, instructions)
-    _check(
-        _libc.prctl(
-            ctypes.c_int(PR_SET_SECCOMP),
-            ctypes.c_ulong(SECCOMP_MODE_FILTER),
-            ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-        ),
-        "prctl(PR_SET_SECCOMP)",
     )
 
 
