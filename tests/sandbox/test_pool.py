@@ -6,6 +6,8 @@ import asyncio
 import base64
 import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.cgroups import CgroupStats
 from tether.sandbox.protocol import StepOutcome
 from tether.sandbox.result import classify
+from tether.sandbox.worker import remove_stale_skeletons
 
 HELLO = {
     "python": "print('hello', 6 * 7)",
@@ -213,3 +216,16 @@ async def test_cpu_time_counts_every_process_of_the_run(pool: SandboxPool) -> No
     result = await pool.run(code, language="bash", spec=SandboxSpec(cpu_limit=2))
     assert result.status is RunStatus.OK, result
     assert result.cpu_ms >= 550
+
+
+def test_stale_mount_points_of_dead_hosts_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead_pid = 4_000_000  # above pid_max: never a live process
+    stale = tmp_path / f"tether-root-{dead_pid}-abc"
+    live = tmp_path / f"tether-root-{os.getpid()}-def"
+    stale.mkdir()
+    live.mkdir()
+    assert remove_stale_skeletons() == 1
+    assert not stale.exists() and live.exists()

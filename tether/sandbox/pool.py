@@ -37,7 +37,7 @@ from tether.sandbox.result import RunResult, RunStatus, assemble
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec, workdir_path
-from tether.sandbox.worker import IdMap, Worker, WorkerError
+from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 # What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
 # worker holds costs every run a little at fork and exit); anything else is imported on demand.
@@ -157,6 +157,7 @@ class SandboxPool:
         else:
             prepare_layout(self.layout)
             remove_stale_groups(self.layout)
+        remove_stale_skeletons()
         try:
             bpf = compile_bpf()
         except Exception as error:

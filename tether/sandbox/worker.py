@@ -19,6 +19,21 @@ from typing import Any
 from tether.sandbox import protocol
 from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 
+SKELETON_PREFIX = "tether-root-"
+
+
+def remove_stale_skeletons() -> int:
+    """Remove the empty mount-point directories left by host processes that died without closing."""
+    removed = 0
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        owner = name[len(SKELETON_PREFIX) :].split("-", 1)[0]
+        if name.startswith(SKELETON_PREFIX) and owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(base, name))
+                removed += 1
+    return removed
+
 
 class WorkerError(RuntimeError):
     """The worker failed to start, answered out of protocol, or died."""
@@ -85,7 +100,7 @@ class Worker:
     async def start(self, timeout_s: float = 30.0) -> None:
         control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds, fds_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._skeleton = tempfile.mkdtemp(prefix="tether-root-")
+        self._skeleton = tempfile.mkdtemp(prefix=f"{SKELETON_PREFIX}{os.getpid()}-")
         os.chmod(self._skeleton, 0o755)
         init = WorkerInit(**{**protocol.to_json(self.init), "skeleton_dir": self._skeleton})
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
