@@ -13,7 +13,7 @@ import pytest
 
 from tether.errors import ConfigError
 from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
-from tether.sandbox.cgroups import CgroupStats
+from tether.sandbox.cgroups import CgroupStats, RunCgroup
 from tether.sandbox.protocol import StepOutcome
 from tether.sandbox.result import classify
 from tether.sandbox.worker import remove_stale_skeletons
@@ -229,3 +229,27 @@ def test_stale_mount_points_of_dead_hosts_are_removed(
     live.mkdir()
     assert remove_stale_skeletons() == 1
     assert not stale.exists() and live.exists()
+
+
+async def test_cgroup_failure_is_a_sandbox_error_and_keeps_the_worker(
+    pool: SandboxPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_room(self: RunCgroup, limits: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RunCgroup, "create", no_room)
+    result = await pool.run("print(1)")
+    assert result.status is RunStatus.SANDBOX_ERROR
+    assert result.error is not None and "cannot create the run's cgroups" in result.error
+    monkeypatch.undo()
+    assert (await pool.run("print(2)")).stdout == "2\n"
+    assert pool.workers_replaced == 0
+
+
+async def test_two_pools_in_one_process_run_side_by_side() -> None:
+    async with (
+        SandboxPool(SandboxSpec(timeout_s=5), PoolConfig(slots=1)) as first,
+        SandboxPool(SandboxSpec(timeout_s=5), PoolConfig(slots=1)) as second,
+    ):
+        results = await asyncio.gather(*(p.run("print(7)") for p in (first, second) for _ in range(3)))
+    assert all(r.status is RunStatus.OK and r.qc == "passed" for r in results)

@@ -15,6 +15,7 @@ import itertools
 import os
 import sys
 import time
+import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,7 @@ class SandboxPool:
         self._idle: list[Worker] = []
         self._names = itertools.count()
         self._run_ids = itertools.count()
+        self._token = uuid.uuid4().hex[:8]  # keeps run cgroup names apart between pools of one process
         self._init: WorkerInit | None = None
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
@@ -312,7 +314,13 @@ class SandboxPool:
     async def execute(
         self, worker: Worker, request: RunRequest, spec: SandboxSpec, compiled: bool
     ) -> tuple[RunResult, bool]:
-        cgroups = self._make_cgroups(request, spec)
+        """Run a built request on a worker this caller holds; returns the result and whether to keep it."""
+        try:
+            cgroups = self._make_cgroups(request, spec)
+        except OSError as failure:
+            self.status_counts[RunStatus.SANDBOX_ERROR] += 1
+            message = f"cannot create the run's cgroups: {failure}"
+            return RunResult(status=RunStatus.SANDBOX_ERROR, error=message), True
         fds = [fd for group in cgroups for fd in group.open_procs()]
         for step in request.steps:
             step.cgroup_fd_count = len(cgroups[0].directories) if cgroups else 0
@@ -350,11 +358,16 @@ class SandboxPool:
         if self.layout is None:
             return []
         limits = CgroupLimits(spec.memory_mib * 1024 * 1024, spec.pids_max, spec.cpu_limit)
-        groups = []
-        for index, _ in enumerate(request.steps):
-            group = RunCgroup(self.layout, f"{os.getpid()}-{request.dir_id}-{index}")
-            group.create(limits)
-            groups.append(group)
+        groups: list[RunCgroup] = []
+        try:
+            for index, _ in enumerate(request.steps):
+                group = RunCgroup(self.layout, f"{os.getpid()}-{self._token}-{request.dir_id}-{index}")
+                groups.append(group)
+                group.create(limits)
+        except OSError:
+            for group in groups:
+                group.remove()
+            raise
         return groups
 
     def _give_back(self, worker: Worker, keep: bool) -> None:

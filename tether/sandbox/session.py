@@ -74,6 +74,7 @@ class SandboxSession:
             worker = self._require_worker()
             result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
             self.runs += 1
+            self.last_used = self._clock()  # a long run is not idleness
             if not healthy:
                 self._discard()
         return result
