@@ -1,0 +1,56 @@
+"""EngineConfig: safe defaults, and each bad value rejected with a message naming it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from tether.engine import EngineConfig, PreemptionMode
+from tether.errors import ConfigError
+
+
+def test_defaults() -> None:
+    config = EngineConfig(num_blocks=128)
+    assert (config.block_size, config.max_num_seqs, config.max_num_batched_tokens) == (16, 64, 512)
+    assert config.max_model_len == 2048
+    assert config.enable_prefix_caching is True
+    assert config.preemption_mode is PreemptionMode.RECOMPUTE
+    assert config.max_blocks_per_seq == 128
+
+
+def test_preemption_mode_accepts_its_string_value() -> None:
+    config = EngineConfig(num_blocks=128, preemption_mode="recompute")
+    assert config.preemption_mode is PreemptionMode.RECOMPUTE
+
+
+def test_config_is_frozen() -> None:
+    config = EngineConfig(num_blocks=128)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.num_blocks = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"num_blocks": 0}, "num_blocks = 0: expected an integer of at least 1"),
+        ({"block_size": -4}, "block_size = -4: expected an integer of at least 1"),
+        ({"block_size": 16.0}, "block_size = 16.0: expected an integer"),
+        ({"max_num_seqs": True}, "max_num_seqs = True: expected an integer"),
+        ({"max_num_batched_tokens": "512"}, "max_num_batched_tokens = '512': expected an integer"),
+        ({"max_model_len": 0}, "max_model_len = 0: expected an integer of at least 1"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching = 'yes': expected true or false"),
+        ({"preemption_mode": "swap"}, "preemption_mode = 'swap': expected one of 'recompute'"),
+        ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens = 32: expected at"),
+        ({"num_blocks": 127}, "num_blocks = 127: expected at least 128"),
+        ({"num_blocks": 4, "block_size": 4, "max_model_len": 17}, "num_blocks = 4: expected at least 5"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_field_and_what_is_accepted(
+    overrides: dict[str, Any], expected: str
+) -> None:
+    values: dict[str, Any] = {"num_blocks": 128, **overrides}
+    with pytest.raises(ConfigError, match=r"^engine: ") as error:
+        EngineConfig(**values)
+    assert expected in str(error.value)

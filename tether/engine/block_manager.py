@@ -1,0 +1,286 @@
+"""Paged KV-cache bookkeeping: fixed-size blocks, reference counts, block tables and the prefix cache.
+
+Plain Python over block ids: it never touches tensors (the model runner owns the KV memory and performs
+the block copies returned here) and knows nothing about tokenization or scheduling policy.
+
+Prefix cache: a full block whose KV has been computed is keyed by a chained hash of its whole token
+prefix, blake2b-128 over the parent block's hash and this block's token ids. The hash is stable across
+processes (it may serve prefix-aware routing); a collision would need about 2**64 work, and a hit also
+compares the block's token ids, so a cached block is only reused for the same prefix. Blocks nobody
+references keep their KV and stay findable in an LRU pool until a fresh block is needed and the free
+list is empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from tether.engine.config import EngineConfig
+from tether.engine.sequence import Sequence
+
+BlockHash = bytes
+BlockCopy = tuple[int, int]
+"""(source block id, destination block id): copy the source's KV into the destination before the step."""
+
+
+def hash_block(parent: BlockHash | None, token_ids: Seq[int]) -> BlockHash:
+    """The prefix-cache key of a full block: its tokens chained to the hash of the block before it."""
+    digest = hashlib.blake2b(digest_size=16)
+    if parent is not None:
+        digest.update(parent)
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.digest()
+
+
+def slot_mapping(block_table: Seq[int], block_size: int, start: int, num_tokens: int) -> list[int]:
+    """The flat KV slot (block_id * block_size + offset) of positions [start, start + num_tokens)."""
+    assert start + num_tokens <= len(block_table) * block_size, "positions beyond the block table"
+    return [
+        block_table[p // block_size] * block_size + p % block_size for p in range(start, start + num_tokens)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockManagerStats:
+    num_blocks: int
+    num_used_blocks: int
+    """Blocks referenced by at least one sequence."""
+    num_free_blocks: int
+    """Blocks that can be handed out, cached but unreferenced ones included."""
+    num_cached_blocks: int
+    """Blocks findable in the prefix cache, referenced or not."""
+    prefix_cache_queries: int
+    """Tokens of sequences looked up in the prefix cache when they were (re)admitted."""
+    prefix_cache_hits: int
+    """Of those, tokens whose KV was found."""
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+class _Block:
+    __slots__ = ("block_id", "hash", "ref_count", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: BlockHash | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+        assert num_blocks >= 1 and block_size >= 1
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
+        self._cached: dict[BlockHash, int] = {}
+        # Per sequence: hashes of its full blocks, how many of its blocks were offered to the cache, and
+        # the cache epoch its KV was computed in (KV from before `invalidate_prefix_cache` is never cached).
+        self._hashes: dict[int, list[BlockHash]] = {}
+        self._num_offered: dict[int, int] = {}
+        self._seq_epoch: dict[int, int] = {}
+        self._epoch = 0
+        self._queries = 0
+        self._hits = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> BlockManager:
+        return cls(config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def ref_count(self, block_id: int) -> int:
+        return self._blocks[block_id].ref_count
+
+    def is_cached(self, block_id: int) -> bool:
+        """Whether the block is findable in the prefix cache."""
+        return self._blocks[block_id].hash is not None
+
+    def stats(self) -> BlockManagerStats:
+        return BlockManagerStats(
+            num_blocks=self.num_blocks,
+            num_used_blocks=self.num_used_blocks,
+            num_free_blocks=self.num_free_blocks,
+            num_cached_blocks=len(self._cached),
+            prefix_cache_queries=self._queries,
+            prefix_cache_hits=self._hits,
+        )
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the KV of `seq`'s leading full blocks; does not change anything.
+
+        Only for a sequence holding no blocks. The block holding the last token is never matched: the
+        model must compute that token to produce logits.
+        """
+        if not self.enable_prefix_caching or seq.block_table:
+            return []
+        size = self.block_size
+        found: list[int] = []
+        for i, block_hash in enumerate(self._block_hashes(seq, (seq.num_tokens - 1) // size)):
+            block_id = self._cached.get(block_hash)
+            if block_id is None or self._blocks[block_id].token_ids != tuple(
+                seq.token_ids[i * size : (i + 1) * size]
+            ):
+                break
+            found.append(block_id)
+        return found
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix: Seq[int] = ()) -> bool:
+        """Whether `allocate(seq, num_new_tokens, prefix)` would find enough blocks."""
+        return self._blocks_needed(seq, num_new_tokens, prefix) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, prefix: Seq[int] = ()) -> list[BlockCopy]:
+        """Give `seq` slots for its next `num_new_tokens` tokens after `num_computed_tokens`.
+
+        `prefix` (from `find_cached_prefix`, only for a sequence holding no blocks) is attached first and
+        `seq.num_computed_tokens` advanced past it. A shared, partly filled block about to be written is
+        copied first (copy-on-write); the returned copies must run before the step's forward pass.
+        """
+        assert self.can_allocate(seq, num_new_tokens, prefix), "allocate without can_allocate"
+        table = seq.block_table
+        if not table:
+            assert seq.num_computed_tokens == 0, "a sequence without blocks has no KV"
+            for block_id in prefix:
+                self._ref(block_id)
+            table.extend(prefix)
+            cached_tokens = len(prefix) * self.block_size
+            seq.num_computed_tokens = cached_tokens
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = min(cached_tokens, seq.num_prompt_tokens)
+            if self.enable_prefix_caching:
+                self._queries += seq.num_tokens
+                self._hits += cached_tokens
+            self._seq_epoch[seq.seq_id] = self._epoch
+        else:
+            assert not prefix, "a prefix only attaches to a sequence without blocks"
+        copies: list[BlockCopy] = []
+        index = seq.num_computed_tokens // self.block_size
+        if num_new_tokens > 0 and index < len(table) and self._blocks[table[index]].ref_count > 1:
+            source = self._blocks[table[index]]
+            assert source.hash is None, "a cached block is full and never written again"
+            source.ref_count -= 1
+            table[index] = self._take_block()
+            copies.append((source.block_id, table[index]))
+        while len(table) * self.block_size < seq.num_computed_tokens + num_new_tokens:
+            table.append(self._take_block())
+        return copies
+
+    def append_slot(self, seq: Sequence) -> list[BlockCopy]:
+        """Slots for one decode token: `allocate(seq, 1)`."""
+        return self.allocate(seq, 1)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Offer `seq`'s full, computed blocks to the prefix cache; call after the step computed them."""
+        if not self.enable_prefix_caching or self._seq_epoch.get(seq.seq_id) != self._epoch:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        start = self._num_offered.get(seq.seq_id, 0)
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(start, num_full):
+            block = self._blocks[seq.block_table[i]]
+            if block.hash is None and hashes[i] not in self._cached:
+                block.hash = hashes[i]
+                block.token_ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                self._cached[hashes[i]] = block.block_id
+        self._num_offered[seq.seq_id] = max(start, num_full)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let `child` share all of `parent`'s blocks (a later write to a shared block copies it)."""
+        assert not child.block_table, "the child of a fork holds no blocks yet"
+        for block_id in parent.block_table:
+            self._ref(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        if parent.seq_id in self._hashes:
+            self._hashes[child.seq_id] = list(self._hashes[parent.seq_id])
+        self._num_offered[child.seq_id] = self._num_offered.get(parent.seq_id, 0)
+        self._seq_epoch[child.seq_id] = self._seq_epoch.get(parent.seq_id, self._epoch)
+
+    def free(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks; cached ones stay findable. Last blocks first, so they are evicted first."""
+        for block_id in reversed(seq.block_table):
+            block = self._blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} freed more often than referenced"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None:
+                    self._evictable[block_id] = None
+                else:
+                    self._free.append(block_id)
+        seq.block_table = []
+        self._hashes.pop(seq.seq_id, None)
+        self._num_offered.pop(seq.seq_id, None)
+        self._seq_epoch.pop(seq.seq_id, None)
+
+    def invalidate_prefix_cache(self) -> int:
+        """Forget every cached prefix (after a weight update); returns how many blocks were forgotten.
+
+        KV computed before the call is never cached afterwards, even when its sequence completes a block.
+        """
+        for block_id in self._cached.values():
+            block = self._blocks[block_id]
+            block.hash = None
+            block.token_ids = ()
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        forgotten = len(self._cached)
+        self._cached.clear()
+        self._epoch += 1
+        return forgotten
+
+    def slot_mapping(self, seq: Sequence, start: int, num_tokens: int) -> list[int]:
+        """The flat KV slot (block_id * block_size + offset) of positions [start, start + num_tokens)."""
+        return slot_mapping(seq.block_table, self.block_size, start, num_tokens)
+
+    def _blocks_needed(self, seq: Sequence, num_new_tokens: int, prefix: Seq[int]) -> int:
+        held = len(seq.block_table) + len(prefix)
+        computed = seq.num_computed_tokens + len(prefix) * self.block_size
+        needed = max(0, -(-(computed + num_new_tokens) // self.block_size) - held)
+        index = seq.num_computed_tokens // self.block_size
+        if num_new_tokens > 0 and index < len(seq.block_table):
+            needed += self._blocks[seq.block_table[index]].ref_count > 1  # copy-on-write
+        # Unreferenced cached blocks count as free; attaching them takes them from the pool.
+        return needed + sum(self._blocks[b].ref_count == 0 for b in prefix)
+
+    def _block_hashes(self, seq: Sequence, count: int) -> list[BlockHash]:
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        size = self.block_size
+        while len(hashes) < count:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, seq.token_ids[i * size : (i + 1) * size]))
+        return hashes[:count]
+
+    def _ref(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        if block.ref_count == 0:
+            del self._evictable[block_id]
+        block.ref_count += 1
+
+    def _take_block(self) -> int:
+        if self._free:
+            block = self._blocks[self._free.popleft()]
+        else:
+            block = self._blocks[self._evictable.popitem(last=False)[0]]
+            assert block.hash is not None
+            del self._cached[block.hash]
+            block.hash = None
+            block.token_ids = ()
+        assert block.ref_count == 0
+        block.ref_count = 1
+        return block.block_id

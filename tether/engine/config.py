@@ -1,0 +1,71 @@
+"""The engine's limits, one frozen dataclass checked on construction.
+
+Sizes are counted in tokens, KV blocks or sequences, as each field's name says. Only plain values live
+here: the model, the device and the dtype belong to the model runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tether.errors import ConfigError
+
+
+class PreemptionMode(Enum):
+    """What happens to a preempted sequence's KV: only `recompute` (drop it, prefill again later)."""
+
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    num_blocks: int
+    """KV blocks in the cache; must hold at least one sequence of `max_model_len` tokens."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    max_num_seqs: int = 64
+    """Most sequences running (holding KV) at once."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step; long prompts are prefilled in chunks of at most this many tokens."""
+    max_model_len: int = 2048
+    """Most tokens (prompt and output) in one sequence."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of full blocks whose whole token prefix was computed before."""
+    preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE
+    """Accepts the enum or its value; stored as the enum."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"engine: {name} = {value!r}: expected an integer of at least 1")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(
+                f"engine: enable_prefix_caching = {self.enable_prefix_caching!r}: expected true or false"
+            )
+        try:
+            mode = PreemptionMode(self.preemption_mode)
+        except ValueError:
+            accepted = ", ".join(repr(m.value) for m in PreemptionMode)
+            raise ConfigError(
+                f"engine: preemption_mode = {self.preemption_mode!r}: expected one of {accepted}"
+            ) from None
+        object.__setattr__(self, "preemption_mode", mode)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"engine: max_num_batched_tokens = {self.max_num_batched_tokens}: expected at least "
+                f"max_num_seqs ({self.max_num_seqs}), so that every running sequence can decode in one step"
+            )
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        if self.num_blocks < blocks_per_seq:
+            raise ConfigError(
+                f"engine: num_blocks = {self.num_blocks}: expected at least {blocks_per_seq} "
+                f"(max_model_len {self.max_model_len} / block_size {self.block_size}), "
+                "so that one sequence of max_model_len tokens fits"
+            )
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Blocks one sequence of `max_model_len` tokens needs."""
+        return -(-self.max_model_len // self.block_size)

@@ -1,0 +1,293 @@
+"""Continuous batching with chunked prefill, priorities and preemption by recomputation.
+
+`schedule()` plans one step as plain data; the engine runs the model and reports back through
+`update_from_output()`. The scheduler knows nothing about torch, tokenization or sampling, and the engine
+decides when a sequence is finished (the scheduler only stops one that reaches `max_model_len`). Not
+thread-safe: one engine loop calls `add`, `abort` and `fork` between or around its steps.
+
+Policy. Importance is (priority, earlier arrival). Each step first gives every running sequence its next
+tokens (one for decode, a chunk for an unfinished prefill), most important first, within the token
+budget; when blocks run out, the least important running sequence is preempted (its KV dropped, to be
+computed again) until the current one fits, possibly itself. If nothing was preempted, waiting sequences
+are then admitted in order of importance while seats, budget and blocks allow; a waiting sequence may
+preempt running ones of strictly lower priority for a seat or blocks. Admission stops at the first
+waiting sequence that cannot be placed, so lower-priority ones never jump ahead of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tether.engine.block_manager import BlockCopy, BlockManager, slot_mapping
+from tether.engine.config import EngineConfig
+from tether.engine.sequence import FinishReason, Sequence, SequenceStatus
+from tether.errors import TetherError
+
+
+class RequestError(TetherError, ValueError):
+    """A request the engine cannot serve (empty prompt, prompt too long, duplicate id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    seq_id: int
+    start: int
+    """First position computed this step."""
+    num_tokens: int
+    block_table: list[int]
+    samples: bool
+    """This chunk reaches the last known token: the model must return logits for its last position."""
+    token_ids: list[int]
+    """Input tokens of positions [start, start + num_tokens)."""
+
+    @property
+    def end(self) -> int:
+        """Tokens with KV once this step ran: the attention context length."""
+        return self.start + self.num_tokens
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + self.num_tokens)
+
+    def slot_mapping(self, block_size: int) -> list[int]:
+        """The flat KV slot each computed position writes to."""
+        return slot_mapping(self.block_table, block_size, self.start, self.num_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    preempted: list[int]
+    """Sequences whose KV was dropped this step; they wait to be computed again."""
+    copies: list[BlockCopy]
+    """Block copies (copy-on-write) to perform before the forward pass."""
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(slots=True)
+class _Plan:
+    budget: int
+    chunks: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq_id -> (start, num_tokens)
+    copies: dict[int, list[BlockCopy]] = field(default_factory=dict)
+    preempted: list[int] = field(default_factory=list)
+
+
+def _importance(seq: Sequence) -> tuple[int, int]:
+    """Sort key: most important first."""
+    return (-seq.priority, seq.arrival)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager | None = None) -> None:
+        self.config = config
+        self.block_manager = block_manager if block_manager is not None else BlockManager.from_config(config)
+        assert self.block_manager.block_size == config.block_size
+        self._seqs: dict[int, Sequence] = {}
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._next_arrival = 0
+        self.num_preemptions = 0
+        """Preemptions since construction."""
+        self._may_sample: set[int] = set()  # sequences that may receive a token in update_from_output
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return list(self._waiting)
+
+    @property
+    def running(self) -> list[Sequence]:
+        return list(self._running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._seqs)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; it joins the batch at the next `schedule()`."""
+        if seq.seq_id in self._seqs:
+            raise RequestError(f"sequence id {seq.seq_id} is already queued or running")
+        if not 0 < seq.num_tokens < self.config.max_model_len:
+            raise RequestError(
+                f"request {seq.request_id!r}: prompt of {seq.num_tokens} tokens: expected 1 to "
+                f"{self.config.max_model_len - 1} (max_model_len {self.config.max_model_len} less one)"
+            )
+        assert seq.status is SequenceStatus.WAITING and not seq.block_table and seq.num_computed_tokens == 0
+        seq.arrival = self._next_arrival
+        self._next_arrival += 1
+        self._seqs[seq.seq_id] = seq
+        self._waiting.append(seq)
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> Sequence:
+        """A new sequence sharing the parent's tokens and blocks, for n samples of one prompt.
+
+        Call between `schedule()` and `update_from_output()` for a parent whose chunk samples this step,
+        then report a sampled token for the child too. Without a free seat the child waits and computes its
+        tokens again later (mostly from the prefix cache).
+        """
+        parent = self._seqs.get(parent_seq_id)
+        if parent is None or parent_seq_id not in self._may_sample:
+            raise ValueError(f"sequence {parent_seq_id} does not sample this step and cannot be forked")
+        if child_seq_id in self._seqs:
+            raise RequestError(f"sequence id {child_seq_id} is already queued or running")
+        child = parent.fork(child_seq_id)
+        child.arrival = self._next_arrival
+        self._next_arrival += 1
+        self._seqs[child_seq_id] = child
+        self._may_sample.add(child_seq_id)
+        if len(self._running) < self.config.max_num_seqs:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self._running.append(child)
+        else:
+            child.num_computed_tokens = 0
+            child.status = SequenceStatus.WAITING
+            self._waiting.append(child)
+        return child
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of the request and free its blocks; call between steps."""
+        seqs = [seq for seq in self._seqs.values() if seq.request_id == request_id]
+        for seq in seqs:
+            self._finish(seq, FinishReason.ABORT)
+        return seqs
+
+    def schedule(self) -> SchedulerOutput:
+        plan = _Plan(budget=self.config.max_num_batched_tokens)
+        self._may_sample.clear()
+        self._running.sort(key=_importance)
+        for seq in list(self._running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted for a more important one earlier in this loop
+            num_tokens = min(seq.num_uncomputed_tokens, plan.budget)
+            if num_tokens == 0:
+                continue
+            while not self.block_manager.can_allocate(seq, num_tokens):
+                victim = max(self._running, key=_importance)
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                self._place(seq, num_tokens, [], plan)
+        if not plan.preempted:
+            for seq in sorted(self._waiting, key=_importance):
+                if plan.budget == 0 or not self._admit(seq, plan):
+                    break
+        return self._output(plan)
+
+    def update_from_output(
+        self,
+        output: SchedulerOutput,
+        sampled: dict[int, int | None],
+        finished: dict[int, FinishReason],
+    ) -> list[Sequence]:
+        """Apply a step's results: cache computed blocks, append tokens, free finished sequences.
+
+        `sampled` maps a sequence to its new token (None: none this step); `finished` to why the engine
+        stopped it. Sequences aborted since `schedule()` are ignored. Returns the sequences finished now.
+        """
+        for chunk in output.chunks:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is not None and seq.status is SequenceStatus.RUNNING:
+                self.block_manager.cache_full_blocks(seq)
+        to_finish = dict(finished)
+        for seq_id, token_id in sampled.items():
+            seq = self._seqs.get(seq_id)
+            if token_id is None or seq is None:
+                continue
+            if seq_id not in self._may_sample:
+                raise ValueError(f"sequence {seq_id} did not sample this step; got token {token_id}")
+            seq.append_token(token_id)
+            if seq.num_tokens >= self.config.max_model_len:
+                to_finish.setdefault(seq_id, FinishReason.LENGTH)
+        self._may_sample.clear()
+        done = []
+        for seq_id, reason in to_finish.items():
+            seq = self._seqs.get(seq_id)
+            if seq is not None:
+                self._finish(seq, reason)
+                done.append(seq)
+        return done
+
+    def _admit(self, seq: Sequence, plan: _Plan) -> bool:
+        """Start computing a waiting sequence, preempting lower-priority ones if needed."""
+        while True:
+            prefix = self.block_manager.find_cached_prefix(seq)
+            num_tokens = min(seq.num_tokens - len(prefix) * self.config.block_size, plan.budget)
+            if len(self._running) < self.config.max_num_seqs and self.block_manager.can_allocate(
+                seq, num_tokens, prefix
+            ):
+                break
+            victim = max(self._running, key=_importance, default=None)
+            if victim is None or victim.priority >= seq.priority:
+                return False
+            self._preempt(victim, plan)
+        self._waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self._running.append(seq)
+        self._place(seq, num_tokens, prefix, plan)
+        return True
+
+    def _place(self, seq: Sequence, num_tokens: int, prefix: list[int], plan: _Plan) -> None:
+        copies = self.block_manager.allocate(seq, num_tokens, prefix)
+        if copies:
+            plan.copies[seq.seq_id] = copies
+        plan.chunks[seq.seq_id] = (seq.num_computed_tokens, num_tokens)
+        seq.num_computed_tokens += num_tokens
+        plan.budget -= num_tokens
+
+    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+        if seq.seq_id in plan.chunks:  # scheduled earlier in this step: give its budget back
+            plan.budget += plan.chunks.pop(seq.seq_id)[1]
+            plan.copies.pop(seq.seq_id, None)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        seq.status = SequenceStatus.PREEMPTED
+        self._running.remove(seq)
+        self._waiting.append(seq)
+        plan.preempted.append(seq.seq_id)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.block_manager.free(seq)
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.seq_id]
+        self._may_sample.discard(seq.seq_id)
+
+    def _output(self, plan: _Plan) -> SchedulerOutput:
+        chunks = []
+        for seq_id, (start, num_tokens) in plan.chunks.items():
+            seq = self._seqs[seq_id]
+            samples = start + num_tokens == seq.num_tokens
+            if samples:
+                self._may_sample.add(seq_id)
+            chunks.append(
+                ScheduledChunk(
+                    seq_id=seq_id,
+                    start=start,
+                    num_tokens=num_tokens,
+                    block_table=list(seq.block_table),
+                    samples=samples,
+                    token_ids=seq.token_ids[start : start + num_tokens],
+                )
+            )
+        copies = [copy for seq_copies in plan.copies.values() for copy in seq_copies]
+        return SchedulerOutput(chunks=chunks, preempted=plan.preempted, copies=copies)
