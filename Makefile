@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# Pinned and installed first so that pyproject's `torch>=2.6` is already met and pip never pulls a CUDA build.
+TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -11,6 +13,7 @@ $(STAMP): pyproject.toml tether/sandbox/_enter.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11+, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
+	$(PIP) '$(TORCH)'
 	$(PIP) -e '.[dev]'
 	@touch $(STAMP)
 

@@ -1,0 +1,50 @@
+"""The paged KV cache: per layer, K and V tensors of shape [num_blocks, block_size, num_kv_heads, head_dim].
+
+A token's K/V live at flat slot `block_id * block_size + offset`. This module only allocates and views
+the storage; which blocks a sequence owns is the block manager's business, and attention reads them
+through `tether.engine.attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tether.models.config import ModelConfig
+
+
+@dataclass(slots=True)
+class KVCache:
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    block_size: int
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> KVCache:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        return cls(keys=keys, values=values, block_size=block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -1,0 +1,24 @@
+"""Models: a registry of known models, a local cache of converted checkpoints, and our own decoder code."""
+
+from tether.models.cache import CachedModel, PullError, list_cached, pull
+from tether.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
+from tether.models.loader import load
+from tether.models.registry import KNOWN_MODELS, ModelSource, UnknownModelError
+from tether.models.threads import configure_threads
+from tether.models.transformer import CausalLM
+
+__all__ = [
+    "ARCHITECTURES",
+    "KNOWN_MODELS",
+    "CachedModel",
+    "CausalLM",
+    "ModelConfig",
+    "ModelSource",
+    "PullError",
+    "UnknownModelError",
+    "UnsupportedModelError",
+    "configure_threads",
+    "list_cached",
+    "load",
+    "pull",
+]

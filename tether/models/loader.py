@@ -1,0 +1,85 @@
+"""Load our own model implementation from a local Hugging Face folder or a registered model name.
+
+Weights are read from safetensors straight into parameters (the model is built on the meta device first),
+so loading takes about as long as reading the file. Tokenizers come from transformers, offline.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load_file
+
+from tether.models.cache import pull
+from tether.models.config import ModelConfig, UnsupportedModelError
+from tether.models.registry import lookup
+from tether.models.transformer import CausalLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Checkpoints from older transformers versions carry these buffers; we recompute them.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def resolve(path_or_name: str | Path, cache_dir: Path | None = None) -> Path:
+    """A model folder: an existing local folder as is, or a registered name pulled into the cache."""
+    path = Path(path_or_name)
+    if path.is_dir():
+        return path
+    source = lookup(str(path_or_name))  # an unknown name raises, naming the known ones
+    if cache_dir is None:
+        from tether.config import TetherSettings
+
+        cache_dir = TetherSettings().cache_dir
+    return pull(source.name, cache_dir)
+
+
+def load_weights(model: CausalLM, folder: Path, device: torch.device | str, dtype: torch.dtype) -> None:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"{str(folder)!r} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file, device=str(device)))
+    state = {k: v.to(dtype) for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected = {k for k in model.state_dict() if k != "lm_head.weight"}
+    else:
+        expected = set(model.state_dict())
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise UnsupportedModelError(
+            f"weights in {str(folder)!r} do not fit {model.config.architecture}: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return tokenizer
+
+
+def load(
+    path_or_name: str | Path,
+    cache_dir: Path | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[CausalLM, PreTrainedTokenizerBase, ModelConfig]:
+    """Our model (in eval mode, on `device`), its tokenizer and its config."""
+    folder = resolve(path_or_name, cache_dir)
+    config = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    load_weights(model, folder, device, dtype)
+    model.eval().requires_grad_(False)
+    return model, load_tokenizer(folder), config

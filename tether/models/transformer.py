@@ -1,0 +1,124 @@
+"""Our decoder-only transformer for the Llama, Qwen2 and Qwen3 families, run against a paged KV cache.
+
+One implementation serves all three: they differ only in the traits of `ModelConfig` (q/k/v biases for
+Qwen2, per-head q/k RMSNorm for Qwen3). Parameter names equal Hugging Face's, so checkpoints load as-is.
+The model knows nothing about scheduling or sampling: it maps a flat batch of tokens to logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tether.engine.attention import AttentionMetadata, paged_attention
+from tether.engine.kv_cache import KVCache
+from tether.models.config import ModelConfig
+from tether.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        traits = config.traits
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, bias=traits.qkv_bias)
+        kv_dim = config.num_kv_heads * config.head_dim
+        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
+        out = paged_attention(
+            q, k, v, kv_cache.keys[self.layer], kv_cache.values[self.layer], metadata, self.scale
+        )
+        projected: torch.Tensor = self.o_proj(out.reshape(tokens, -1))
+        return projected
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, metadata, kv_cache)
+        mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_out
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata, kv_cache: KVCache
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(positions)
+        for layer in self.layers:
+            x = layer(x, cos_sin, metadata, kv_cache)
+        out: torch.Tensor = self.norm(x)
+        return out
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def tie_weights(self) -> None:
+        """Re-share the output projection with the embedding (needed after loading with `assign=True`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        kv_cache: KVCache,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] (all tokens when None) for a flat batch of new tokens."""
+        hidden = self.model(input_ids, positions, metadata, kv_cache)
+        if logits_indices is not None:
+            hidden = hidden[logits_indices]
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits
