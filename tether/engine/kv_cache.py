@@ -48,3 +48,11 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (src, dst) in every layer: the block manager's copy-on-write."""
+        sources = torch.tensor([src for src, _ in copies], dtype=torch.long, device=self.keys[0].device)
+        targets = torch.tensor([dst for _, dst in copies], dtype=torch.long, device=self.keys[0].device)
+        for layer in range(self.num_layers):
+            self.keys[layer][targets] = self.keys[layer][sources]
+            self.values[layer][targets] = self.values[layer][sources]

@@ -1,0 +1,221 @@
+"""`LLMEngine`: one step is schedule, run the model, sample, then report back to the scheduler.
+
+Requests carry token ids in and out (the engine never re-tokenizes); text is produced only for stop
+strings and for callers that ask, through the `detokenize` function given at construction. Every sampled
+token records its logprob and the policy version (weights) that produced it. Not thread-safe: one loop
+calls `add_request`, `abort`, `step` and `update_weights`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from tether.engine.block_manager import BlockManager
+from tether.engine.config import EngineConfig
+from tether.engine.model_runner import ModelRunner, SequenceChunk
+from tether.engine.sampling import SamplingParams, sample
+from tether.engine.scheduler import RequestError, Scheduler
+from tether.engine.sequence import FinishReason, Sequence
+
+
+@dataclass(slots=True)
+class Completion:
+    """One sample of a request, as generated so far."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version of each token
+    text: str = ""
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    completions: list[Completion]
+    num_cached_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return all(completion.finish_reason is not None for completion in self.completions)
+
+
+@dataclass(slots=True)
+class _Request:
+    output: RequestOutput
+    params: SamplingParams
+    priority: int
+    seq_index: dict[int, int]  # seq id -> completion index
+    generators: list[torch.Generator | None]
+    forked: bool = False
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig,
+        eos_token_ids: Iterable[int] = (),
+        detokenize: Callable[[list[int]], str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if config.num_blocks > runner.kv_cache.num_blocks or config.block_size != runner.block_size:
+            raise ValueError(
+                f"engine config ({config.num_blocks} blocks of {config.block_size}) does not fit the "
+                f"runner's KV cache ({runner.kv_cache.num_blocks} blocks of {runner.block_size})"
+            )
+        self.runner = runner
+        self.config = config
+        self.block_manager = BlockManager.from_config(config)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.detokenize = detokenize
+        self.policy_version = 0
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._seed = torch.Generator().manual_seed(seed)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in the engine")
+        if params.stop and self.detokenize is None:
+            raise RequestError("stop strings need an engine built with a detokenize function")
+        seq = Sequence(next(self._seq_ids), request_id, prompt_token_ids, priority=priority)
+        self.scheduler.add(seq)
+        generators: list[torch.Generator | None] = []
+        for index in range(params.n):
+            base = (
+                params.seed
+                if params.seed is not None
+                else int(torch.randint(2**62, (1,), generator=self._seed))
+            )
+            generators.append(None if params.greedy else torch.Generator().manual_seed(base + index))
+        output = RequestOutput(
+            request_id, list(prompt_token_ids), [Completion(i) for i in range(params.n)], 0
+        )
+        self._requests[request_id] = _Request(output, params, priority, {seq.seq_id: 0}, generators)
+
+    def abort(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        self.scheduler.abort(request_id)
+        for completion in request.output.completions:
+            if completion.finish_reason is None:
+                completion.finish_reason = FinishReason.ABORT
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the requests that gained tokens or finished in it."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        if plan.copies:
+            self.runner.kv_cache.copy_blocks(plan.copies)
+        for chunk in plan.chunks:
+            seq = self.scheduler.get(chunk.seq_id)
+            if seq is not None:
+                request = self._requests[seq.request_id]
+                request.output.num_cached_tokens = max(
+                    request.output.num_cached_tokens, seq.num_cached_tokens
+                )
+        logits = self.runner.step(
+            [SequenceChunk(c.token_ids, c.start, c.block_table, needs_logits=c.samples) for c in plan.chunks]
+        )
+        sampled: dict[int, int | None] = {}
+        finished: dict[int, FinishReason] = {}
+        touched: dict[str, _Request] = {}
+        for row, chunk in zip(logits, (c for c in plan.chunks if c.samples), strict=True):
+            seq = self.scheduler.get(chunk.seq_id)
+            assert seq is not None
+            request = self._requests[seq.request_id]
+            touched[seq.request_id] = request
+            for target in self._fork_samples(request, seq):
+                index = request.seq_index[target]
+                token, logprob = sample(row, request.params, request.generators[index])
+                sampled[target] = token
+                reason = self._record(request, index, token, logprob)
+                if reason is not None:
+                    finished[target] = reason
+        for seq in self.scheduler.update_from_output(plan, sampled, finished):
+            request = self._requests[seq.request_id]
+            completion = request.output.completions[request.seq_index[seq.seq_id]]
+            completion.finish_reason = completion.finish_reason or seq.finish_reason
+            touched[seq.request_id] = request
+        for request_id, request in touched.items():
+            if request.output.finished:
+                del self._requests[request_id]
+        return [request.output for request in touched.values()]
+
+    def _fork_samples(self, request: _Request, seq: Sequence) -> list[int]:
+        """The sequences that sample from this row: the first sample of n forks the other n - 1."""
+        if request.forked or request.params.n == 1:
+            return [seq.seq_id]
+        request.forked = True
+        targets = [seq.seq_id]
+        for index in range(1, request.params.n):
+            child = self.scheduler.fork(seq.seq_id, next(self._seq_ids))
+            request.seq_index[child.seq_id] = index
+            targets.append(child.seq_id)
+        return targets
+
+    def _record(self, request: _Request, index: int, token: int, logprob: float) -> FinishReason | None:
+        params = request.params
+        completion = request.output.completions[index]
+        completion.token_ids.append(token)
+        completion.logprobs.append(logprob)
+        completion.versions.append(self.policy_version)
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            reason: FinishReason | None = FinishReason.STOP
+        elif len(completion.token_ids) >= params.max_tokens:
+            reason = FinishReason.LENGTH
+        else:
+            reason = None
+        if self.detokenize is not None:
+            completion.text = self.detokenize(completion.token_ids)
+            for stop in params.stop:
+                cut = completion.text.find(stop)
+                if cut != -1:
+                    completion.text = completion.text[:cut]
+                    reason = FinishReason.STOP
+        if reason is not None:
+            completion.finish_reason = reason
+        return reason
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | None = None, priority: int = 0
+    ) -> list[RequestOutput]:
+        """Run prompts to completion through continuous batching; outputs in prompt order."""
+        base = next(self._seq_ids)
+        ids = [f"generate-{base}-{i}" for i in range(len(prompts))]
+        outputs = {}
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            self.add_request(request_id, prompt, params, priority)
+            outputs[request_id] = self._requests[request_id].output
+        while any(request_id in self._requests for request_id in ids):
+            self.step()
+        return [outputs[request_id] for request_id in ids]
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> int:
+        """Swap weights between steps: the prefix cache is invalidated and the policy version advances."""
+        count = self.runner.update_weights(named_tensors)
+        self.block_manager.invalidate_prefix_cache()
+        self.policy_version += 1
+        return count

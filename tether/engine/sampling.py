@@ -1,0 +1,73 @@
+"""Sampling parameters and the sampler: one next token (and its logprob) from one row of logits.
+
+The logprob reported for a token is under the temperature-scaled model distribution, before top-k,
+top-p and min-p truncation: the quantity a learner recomputes from the same weights (with greedy
+decoding, temperature 1). Truncation only decides which tokens may be drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tether.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no limit
+    min_p: float = 0.0
+    seed: int | None = None  # sample i of a request draws from a generator seeded with seed + i
+    n: int = 1  # samples per prompt; they share the prompt's KV blocks
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("max_tokens", self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", 0 <= self.temperature <= 100, "a number from 0 (greedy) to 100"),
+            ("top_p", 0 < self.top_p <= 1, "a number in (0, 1]"),
+            ("top_k", self.top_k == -1 or self.top_k >= 1, "-1 (off) or an integer >= 1"),
+            ("min_p", 0 <= self.min_p < 1, "a number in [0, 1)"),
+            ("n", 1 <= self.n <= 256, "an integer from 1 to 256"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "non-empty strings"),
+        ]
+        for name, ok, accepted in checks:
+            if not ok:
+                raise ConfigError(f"sampling: {name} = {getattr(self, name)!r}: expected {accepted}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[int, float]:
+    """Draw one token from a [vocab] row of float32 logits; returns (token id, its logprob)."""
+    if params.greedy:
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, dim=-1)[token])
+    scaled = logits / params.temperature
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    allowed = scaled.clone()
+    if params.top_k != -1 and params.top_k < allowed.numel():
+        threshold = torch.topk(allowed, params.top_k).values[-1]
+        allowed[allowed < threshold] = -torch.inf
+    if params.top_p < 1:
+        ordered, order = torch.sort(allowed, descending=True)
+        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        outside = (
+            cumulative - torch.softmax(ordered, dim=-1) >= params.top_p
+        )  # keeps the token crossing top_p
+        allowed[order[outside]] = -torch.inf
+    if params.min_p > 0:
+        probabilities = torch.softmax(allowed, dim=-1)
+        allowed[probabilities < params.min_p * probabilities.max()] = -torch.inf
+    token = int(torch.multinomial(torch.softmax(allowed, dim=-1), 1, generator=generator))
+    return token, float(logprobs[token])
