@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +22,10 @@ from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams, sample
 from tether.engine.scheduler import RequestError, Scheduler
 from tether.engine.sequence import FinishReason, Sequence
+from tether.models import load
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(slots=True)
@@ -80,6 +86,44 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed = torch.Generator().manual_seed(seed)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_name: str | Path,
+        cache_dir: Path | None = None,
+        kv_cache_mib: int = 256,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        **engine_options: Any,
+    ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
+        """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`."""
+        model, tokenizer, model_config = load(path_or_name, cache_dir, device=device, dtype=dtype)
+        block_size = int(engine_options.pop("block_size", 16))
+        bytes_per_block = (
+            2
+            * model_config.num_layers
+            * block_size
+            * model_config.num_kv_heads
+            * model_config.head_dim
+            * torch.empty((), dtype=dtype).element_size()
+        )
+        num_blocks = max(1, kv_cache_mib * 1024 * 1024 // bytes_per_block)
+        longest = min(model_config.max_position_embeddings, 4096, num_blocks * block_size)
+        max_model_len = int(engine_options.pop("max_model_len", longest))
+        config = EngineConfig(
+            num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, **engine_options
+        )
+        runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        engine = cls(
+            runner,
+            config,
+            eos_token_ids=model_config.eos_token_ids,
+            detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
+            seed=seed,
+        )
+        return engine, tokenizer
 
     def add_request(
         self,
