@@ -1,0 +1,312 @@
+"""`AsyncEngine`: one background thread owns an `LLMEngine`; asyncio callers stream each request's deltas.
+
+Callers submit through a thread-safe inbox and read increments (new tokens, logprobs, text) through an
+`async for`; leaving the loop early (a disconnect, a cancelled task) aborts the request. The engine thread
+only drains the inbox and steps: preemption and recomputation stay inside the scheduler. This module
+knows nothing about HTTP or tokenization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tether.engine.block_manager import BlockManagerStats
+from tether.engine.llm_engine import Completion, LLMEngine, RequestOutput
+from tether.engine.sampling import SamplingParams
+from tether.engine.sequence import FinishReason
+from tether.errors import ConfigError, TetherError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloadedError(TetherError):
+    """Too many requests are already waiting; the caller should retry later."""
+
+
+class EngineStoppedError(TetherError):
+    """The engine loop is not running (shut down, or it failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncEngineConfig:
+    max_pending_requests: int = 1024
+    """Most unfinished requests (queued or running) at once; more are refused with `EngineOverloadedError`."""
+    idle_poll_s: float = 0.5
+    """How long the idle engine thread sleeps on the inbox before checking for shutdown."""
+
+    def __post_init__(self) -> None:
+        if self.max_pending_requests < 1:
+            raise ConfigError(
+                f"async engine: max_pending_requests = {self.max_pending_requests!r}: expected >= 1"
+            )
+        if self.idle_poll_s <= 0:
+            raise ConfigError(f"async engine: idle_poll_s = {self.idle_poll_s!r}: expected > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionDelta:
+    """What one sample gained since the last delta of its request."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDelta:
+    request_id: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    completions: tuple[CompletionDelta, ...]
+    """Only the samples that changed."""
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot the engine thread publishes after every step, readable from any thread."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    num_pending_requests: int = 0
+    num_preemptions: int = 0
+    blocks: BlockManagerStats | None = None
+    steps: int = 0
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of `text` not safe to stream yet: an unfinished UTF-8 character, or the
+    start of a stop string that may still complete (the engine would then cut the text before it)."""
+    hold = len(text) - len(text.rstrip("\ufffd"))
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                hold = max(hold, size)
+                break
+    return hold
+
+
+@dataclass(slots=True)
+class _Tracker:
+    """Per sample: how much of the engine's ever-growing completion was already sent."""
+
+    tokens: int = 0
+    text: str = ""
+
+    def delta(self, completion: Completion, stops: tuple[str, ...]) -> CompletionDelta | None:
+        done = completion.finish_reason is not None
+        visible = completion.text
+        if not done:
+            visible = visible[: len(visible) - _held_back(visible, stops)]
+        text = visible[len(self.text) :] if visible.startswith(self.text) else ""
+        new_tokens = completion.token_ids[self.tokens :]
+        if not new_tokens and not text and not done:
+            return None
+        delta = CompletionDelta(
+            completion.index,
+            tuple(new_tokens),
+            tuple(completion.logprobs[self.tokens :]),
+            text,
+            completion.finish_reason,
+        )
+        self.tokens = len(completion.token_ids)
+        self.text += text
+        return delta
+
+
+@dataclass(slots=True)
+class _Submission:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    loop: asyncio.AbstractEventLoop
+    outbox: asyncio.Queue[RequestDelta | BaseException]
+    trackers: list[_Tracker] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    """Runs `engine` in one daemon thread from `start()` to `shutdown()`; `generate` is safe from any loop."""
+
+    def __init__(self, engine: LLMEngine, config: AsyncEngineConfig | None = None) -> None:
+        self.engine = engine
+        self.config = config or AsyncEngineConfig()
+        self.stats = EngineStats(blocks=engine.block_manager.stats())
+        self.error: BaseException | None = None
+        """Why the loop stopped, if it failed."""
+        self._inbox: queue.SimpleQueue[_Submission | _Abort | None] = queue.SimpleQueue()
+        self._live: dict[str, _Submission] = {}  # owned by the engine thread
+        self._pending = 0  # submitted and not yet finished; guarded by _lock
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+
+    @property
+    def num_pending(self) -> int:
+        return self._pending
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the async engine was already started")
+        self._thread = threading.Thread(target=self._run, name="tether-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop: unfinished requests end with `EngineStoppedError`; waits for the thread."""
+        self._stopping.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestDelta]:
+        """Stream a request's deltas until it finishes; closing the iterator early aborts the request."""
+        request_id = request_id or f"req-{next(self._ids)}"
+        outbox: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
+        submission = _Submission(
+            request_id, list(prompt_token_ids), params, priority, asyncio.get_running_loop(), outbox
+        )
+        with self._lock:  # the engine thread stops under this lock, so no submission is left behind
+            if self._thread is None or self._stopping.is_set():
+                raise EngineStoppedError("the engine is not running") from self.error
+            if self._pending >= self.config.max_pending_requests:
+                raise EngineOverloadedError(
+                    f"the engine already holds {self._pending} unfinished requests "
+                    f"(max_pending_requests {self.config.max_pending_requests}); retry later"
+                )
+            self._pending += 1
+            self._inbox.put(submission)
+        finished = False
+        try:
+            while not finished:
+                item = await outbox.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request_id))
+
+    # engine thread
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain(block=not self.engine.has_unfinished())
+                if self.engine.has_unfinished():
+                    outputs = self.engine.step()
+                    self._publish(outputs)
+        except BaseException as error:
+            logger.exception("engine loop failed")
+            self.error = error
+        finally:
+            with self._lock:
+                self._stopping.set()
+            self._fail_all(EngineStoppedError("the engine stopped before the request finished"))
+
+    def _drain(self, block: bool) -> None:
+        while True:
+            try:
+                item = self._inbox.get(timeout=self.config.idle_poll_s) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if item is None:
+                return
+            if isinstance(item, _Abort):
+                if self._live.pop(item.request_id, None) is not None:
+                    self.engine.abort(item.request_id)
+                    self._release()
+                continue
+            try:
+                self.engine.add_request(item.request_id, item.prompt_token_ids, item.params, item.priority)
+            except TetherError as error:
+                self._send(item, error)
+                self._release()
+                continue
+            item.trackers = [_Tracker() for _ in range(item.params.n)]
+            self._live[item.request_id] = item
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            submission = self._live.get(output.request_id)
+            if submission is None:
+                continue  # aborted by its caller meanwhile
+            changed = []
+            for tracker, completion in zip(submission.trackers, output.completions, strict=True):
+                delta = tracker.delta(completion, submission.params.stop)
+                if delta is not None:
+                    changed.append(delta)
+            finished = output.finished
+            if changed or finished:
+                self._send(
+                    submission,
+                    RequestDelta(
+                        output.request_id,
+                        len(output.prompt_token_ids),
+                        output.num_cached_tokens,
+                        tuple(changed),
+                        finished,
+                    ),
+                )
+            if finished:
+                del self._live[output.request_id]
+                self._release()
+        scheduler = self.engine.scheduler
+        self.stats = EngineStats(
+            num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            num_pending_requests=self._pending,
+            num_preemptions=scheduler.num_preemptions,
+            blocks=self.engine.block_manager.stats(),
+            steps=self.stats.steps + 1,
+        )
+
+    def _fail_all(self, error: BaseException) -> None:
+        while True:  # submissions still in the inbox never reached the engine
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Submission):
+                self._send(item, error)
+                self._release()
+        for submission in self._live.values():
+            self._send(submission, error)
+            self._release()
+        self._live.clear()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    @staticmethod
+    def _send(submission: _Submission, item: RequestDelta | BaseException) -> None:
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens any more
+            submission.loop.call_soon_threadsafe(submission.outbox.put_nowait, item)
