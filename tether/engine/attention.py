@@ -1,8 +1,9 @@
 """Attention over the paged KV cache: write the new tokens' K/V into their slots, then attend.
 
-Each sequence in a flat batch is handled on its own: its K/V are gathered from its blocks and passed to
-`scaled_dot_product_attention` with a causal mask offset by its cached length. This favours correctness
-and portability (CPU or CUDA) over speed; a fused paged kernel can replace `paged_attention` later.
+Decoding sequences (one new token each) are attended together: their K/V are gathered from their blocks
+into one padded batch and masked by length, so a step with many sequences makes one attention call.
+A prefill chunk is handled on its own, with a causal mask offset by its cached length. Plain torch on
+CPU or CUDA; a fused paged kernel can replace `paged_attention` later.
 """
 
 from __future__ import annotations
@@ -61,13 +62,17 @@ def paged_attention(
     write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
+    decoding = [span for span in metadata.spans if span.query_len == 1]
+    if len(decoding) > 1:
+        _decode_together(q, key_cache, value_cache, decoding, groups, scale, out)
+    else:
+        decoding = []
     for span in metadata.spans:
+        if decoding and span.query_len == 1:
+            continue
         end = span.query_start + span.query_len
-        keys = gather_kv(key_cache, span.block_table, span.context_len).to(q.dtype)
-        values = gather_kv(value_cache, span.block_table, span.context_len).to(q.dtype)
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
+        keys = _expand(gather_kv(key_cache, span.block_table, span.context_len).to(q.dtype), groups, 1)
+        values = _expand(gather_kv(value_cache, span.block_table, span.context_len).to(q.dtype), groups, 1)
         mask = None
         if span.query_len > 1:
             query_pos = torch.arange(span.start, span.context_len, device=q.device)
@@ -82,3 +87,40 @@ def paged_attention(
         )
         out[span.query_start : end] = attended.transpose(0, 1)
     return out
+
+
+def _expand(kv: torch.Tensor, groups: int, head_dim: int) -> torch.Tensor:
+    """Repeat each KV head for its query group (grouped-query attention)."""
+    return kv.repeat_interleave(groups, dim=head_dim) if groups > 1 else kv
+
+
+def _decode_together(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    spans: list[SequenceSpan],
+    groups: int,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One attention call for every sequence that decodes a single token this step."""
+    block_size = key_cache.shape[1]
+    lengths = torch.tensor([span.context_len for span in spans], device=q.device)
+    longest = int(lengths.max())
+    width = -(-longest // block_size)
+    tables = torch.zeros((len(spans), width), dtype=torch.long, device=q.device)
+    for row, span in enumerate(spans):
+        used = span.block_table[: -(-span.context_len // block_size)]
+        tables[row, : used.numel()] = used
+    keys = _expand(key_cache[tables].flatten(1, 2)[:, :longest].to(q.dtype), groups, 2)
+    values = _expand(value_cache[tables].flatten(1, 2)[:, :longest].to(q.dtype), groups, 2)
+    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]
+    rows = torch.tensor([span.query_start for span in spans], device=q.device)
+    attended = F.scaled_dot_product_attention(
+        q[rows][:, :, None],  # [B, heads, 1, head_dim]
+        keys.transpose(1, 2),  # [B, heads, L, head_dim]
+        values.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+    )
+    out[rows] = attended[:, :, 0]
