@@ -14,7 +14,8 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from tether.engine.block_manager import BlockManagerStats
@@ -155,10 +156,12 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._closing = False  # shutting down: no new requests
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and not self._closing and not self._stopping.is_set()
 
     @property
     def num_pending(self) -> int:
@@ -170,8 +173,14 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="tether-engine", daemon=True)
         self._thread.start()
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Stop the loop: unfinished requests end with `EngineStoppedError`; waits for the thread."""
+    def shutdown(self, drain_s: float = 0.0, timeout_s: float = 30.0) -> None:
+        """Refuse new requests, give unfinished ones up to `drain_s` to finish, then stop the loop (those
+        still unfinished end with `EngineStoppedError`) and wait up to `timeout_s` for the thread."""
+        self._closing = True
+        deadline = time.monotonic() + drain_s
+        alive = self._thread is not None and self._thread.is_alive()
+        while alive and self._pending and time.monotonic() < deadline and not self._stopping.is_set():
+            time.sleep(0.01)
         self._stopping.set()
         self._inbox.put(None)
         if self._thread is not None:
@@ -183,7 +192,7 @@ class AsyncEngine:
         params: SamplingParams,
         priority: int = 0,
         request_id: str | None = None,
-    ) -> AsyncIterator[RequestDelta]:
+    ) -> AsyncGenerator[RequestDelta, None]:
         """Stream a request's deltas until it finishes; closing the iterator early aborts the request."""
         request_id = request_id or f"req-{next(self._ids)}"
         outbox: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
@@ -191,7 +200,7 @@ class AsyncEngine:
             request_id, list(prompt_token_ids), params, priority, asyncio.get_running_loop(), outbox
         )
         with self._lock:  # the engine thread stops under this lock, so no submission is left behind
-            if self._thread is None or self._stopping.is_set():
+            if self._thread is None or self._closing or self._stopping.is_set():
                 raise EngineStoppedError("the engine is not running") from self.error
             if self._pending >= self.config.max_pending_requests:
                 raise EngineOverloadedError(

@@ -1,0 +1,56 @@
+"""`tether serve`: pull a model if needed and serve it over an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tether.cli.common import err_console, state, user_errors
+from tether.models.cache import pull
+from tether.models.registry import KNOWN_MODELS
+
+
+def serve_command(
+    ctx: typer.Context,
+    model: Annotated[
+        str,
+        typer.Option(help=f"A registered model ({', '.join(sorted(KNOWN_MODELS))}) or a model folder."),
+    ] = "smollm2-135m-instruct",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.", min=1, max=65535)] = 8000,
+    kv_cache_mib: Annotated[int, typer.Option(help="Memory for the KV cache, in MiB.", min=1)] = 256,
+    max_num_seqs: Annotated[int, typer.Option(help="Most sequences decoding at once.", min=1)] = 64,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="Token budget of one engine step (prefill chunk size).", min=1)
+    ] = 512,
+    max_pending_requests: Annotated[
+        int, typer.Option(help="Unfinished requests accepted before new ones get HTTP 503.", min=1)
+    ] = 1024,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Cache root (default: settings' cache_dir).")
+    ] = None,
+) -> None:
+    """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
+    from tether.engine.server import serve
+
+    with user_errors():
+        folder = Path(model)
+        name = folder.name
+        if not folder.is_dir():
+            root = cache_dir or state(ctx).settings().cache_dir
+            with err_console.status(f"pulling {model}") as status:
+                folder = pull(model, root, progress=lambda message: status.update(f"{model}: {message}"))
+            name = model
+        err_console.print(f"serving {name} on http://{host}:{port}/v1", highlight=False)
+        serve(
+            folder,
+            host=host,
+            port=port,
+            kv_cache_mib=kv_cache_mib,
+            model_name=name,
+            max_pending_requests=max_pending_requests,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )

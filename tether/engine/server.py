@@ -1,0 +1,633 @@
+"""An OpenAI-compatible HTTP API over an `AsyncEngine`: chat and text completions (streamed as SSE or
+whole), the model list, health and Prometheus metrics.
+
+Tokenization happens here, never in the engine. Only one model is served, and only what the engine
+can do: no tools, no penalties, no alternative tokens in logprobs (`top_logprobs` must be 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedTokenizerBase
+
+from tether.engine.async_engine import (
+    AsyncEngine,
+    AsyncEngineConfig,
+    EngineOverloadedError,
+    EngineStoppedError,
+    RequestDelta,
+)
+from tether.engine.sampling import SamplingParams
+from tether.errors import ConfigError, TetherError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# requests
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Strict):
+    model: str
+    max_tokens: int | None = None
+    """Default: the rest of the context window."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    top_k: int = -1
+    """Extension: -1 means no limit."""
+    min_p: float = 0.0
+    """Extension."""
+    priority: int = 0
+    """Extension: higher is served first."""
+    ignore_eos: bool = False
+    """Extension: keep generating past the end-of-sequence token."""
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[int]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+# errors
+
+
+class APIError(Exception):
+    """A request the server refuses, rendered in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}},
+            status_code=self.status,
+        )
+
+
+_SAMPLING_FIELD = re.compile(r"^sampling: (\w+) =")
+
+
+def _validation_error(error: RequestValidationError) -> APIError:
+    problems = []
+    param = None
+    for problem in error.errors():
+        location = [str(part) for part in problem.get("loc", ()) if part != "body"]
+        if problem.get("type") == "json_invalid":
+            problems.append(f"the body is not valid JSON: {problem.get('ctx', {}).get('error', '')}")
+            continue
+        if not location:
+            problems.append("the body must be a JSON object")
+            continue
+        name = ".".join(location) or "body"
+        param = param or name
+        problems.append(f"{name}: {problem.get('msg')} (got {problem.get('input')!r})")
+    return APIError(400, "; ".join(problems) or "invalid request", param)
+
+
+# metrics
+
+
+class RequestStatus(Enum):
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    REJECTED = "rejected"
+    OVERLOADED = "overloaded"
+    FAILED = "failed"
+
+
+class _EngineCollector(Collector):
+    """Gauges read from the engine thread's last published snapshot at scrape time."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats
+        gauges: list[tuple[str, str, float]] = [
+            ("tether_queue_depth", "Sequences waiting for a seat.", stats.num_waiting),
+            ("tether_running_sequences", "Sequences holding KV blocks.", stats.num_running),
+            ("tether_pending_requests", "Requests submitted and not finished.", self.engine.num_pending),
+        ]
+        if stats.blocks is not None:
+            gauges += [
+                (
+                    "tether_kv_blocks_used",
+                    "KV blocks referenced by a sequence.",
+                    stats.blocks.num_used_blocks,
+                ),
+                ("tether_kv_blocks_total", "KV blocks in the cache.", stats.blocks.num_blocks),
+                (
+                    "tether_prefix_cache_hit_rate",
+                    "Share of looked-up prompt tokens found in the prefix cache.",
+                    stats.blocks.prefix_cache_hit_rate,
+                ),
+            ]
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "tether_preemptions", "Sequences preempted (KV dropped, recomputed later).", stats.num_preemptions
+        )
+
+
+@dataclass(slots=True)
+class ServerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    generated_tokens: Counter = field(init=False)
+    time_to_first_token: Histogram = field(init=False)
+    time_per_output_token: Histogram = field(init=False)
+    requests: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generated_tokens = Counter(
+            "tether_generated_tokens", "Completion tokens generated.", registry=self.registry
+        )
+        self.time_to_first_token = Histogram(
+            "tether_time_to_first_token_seconds",
+            "From request arrival to its first token.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "tether_time_per_output_token_seconds",
+            "Mean time between a request's tokens after the first.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "tether_requests", "Requests by final status.", ["status"], registry=self.registry
+        )
+        for status in RequestStatus:
+            self.requests.labels(status.value)
+
+
+# one generation, from validated request to deltas
+
+
+@dataclass(slots=True)
+class _Job:
+    kind: Literal["chat", "text"]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    arrived_s: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _Choice:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class _Server:
+    """The request handling behind `create_app`; one instance per app."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.vocab_size = min(len(tokenizer), engine.engine.runner.model.config.vocab_size)
+        self.metrics = ServerMetrics()
+        self.metrics.registry.register(_EngineCollector(engine))
+
+    # validation
+
+    def chat_job(self, body: ChatCompletionRequest) -> _Job:
+        if body.top_logprobs:
+            raise APIError(400, f"top_logprobs = {body.top_logprobs}: only 0 is supported", "top_logprobs")
+        messages = [message.as_template_input() for message in body.messages]
+        try:
+            ids: Any = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as error:
+            raise APIError(400, f"messages: cannot apply the chat template: {error}", "messages") from error
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        return self._job("chat", body, [int(i) for i in ids], max_tokens, param, body.logprobs)
+
+    def text_job(self, body: CompletionRequest) -> _Job:
+        if body.logprobs:
+            raise APIError(
+                400, f"logprobs = {body.logprobs}: only 0 (no alternatives) is supported", "logprobs"
+            )
+        if body.echo:
+            raise APIError(400, "echo = true is not supported", "echo")
+        if isinstance(body.prompt, str):
+            ids = list(self.tokenizer.encode(body.prompt))
+        else:
+            ids = body.prompt
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise APIError(
+                    400,
+                    f"prompt: token ids {bad[:5]} out of range: expected 0 to {self.vocab_size - 1}",
+                    "prompt",
+                )
+        return self._job("text", body, ids, body.max_tokens, "max_tokens", body.logprobs is not None)
+
+    def _job(
+        self,
+        kind: Literal["chat", "text"],
+        body: _GenerationRequest,
+        ids: list[int],
+        max_tokens: int | None,
+        max_tokens_param: str,
+        logprobs: bool,
+    ) -> _Job:
+        if body.model != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{body.model}` does not exist; this server serves `{self.model_name}`.",
+                "model",
+                "model_not_found",
+            )
+        prompt_param = "messages" if kind == "chat" else "prompt"
+        limit = self.engine.engine.config.max_model_len
+        if not ids:
+            raise APIError(400, f"{prompt_param}: the prompt is empty", prompt_param)
+        if len(ids) >= limit or (max_tokens is not None and len(ids) + max_tokens > limit):
+            requested = f"{len(ids)} in the prompt" + (f", {max_tokens} to generate" if max_tokens else "")
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens; you requested {requested}.",
+                prompt_param,
+                "context_length_exceeded",
+            )
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        try:
+            params = SamplingParams(
+                max_tokens=limit - len(ids) if max_tokens is None else max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                min_p=body.min_p,
+                seed=body.seed,
+                n=body.n,
+                stop=stop,
+                ignore_eos=body.ignore_eos,
+            )
+        except ConfigError as error:
+            match = _SAMPLING_FIELD.match(str(error))
+            param = match.group(1) if match else None
+            message = str(error).removeprefix("sampling: ")
+            if param == "max_tokens":  # name the field the client sent
+                param, message = max_tokens_param, message.replace("max_tokens", max_tokens_param, 1)
+            raise APIError(400, message, param) from None
+        return _Job(
+            kind,
+            ids,
+            params,
+            body.priority,
+            body.stream,
+            body.stream_options is not None and body.stream_options.include_usage,
+            logprobs,
+            self.model_name,
+        )
+
+    # running
+
+    async def deltas(self, job: _Job) -> AsyncGenerator[RequestDelta, None]:
+        """The engine's deltas, with metrics; records the request's final status."""
+        status = RequestStatus.ABORTED
+        first_s = None
+        most_tokens = 0
+        try:
+            async with contextlib.aclosing(
+                self.engine.generate(job.prompt_token_ids, job.params, job.priority)
+            ) as stream:
+                async for delta in stream:
+                    tokens = sum(len(c.token_ids) for c in delta.completions)
+                    if tokens and first_s is None:
+                        first_s = time.monotonic()
+                        self.metrics.time_to_first_token.observe(first_s - job.arrived_s)
+                    self.metrics.generated_tokens.inc(tokens)
+                    most_tokens += max((len(c.token_ids) for c in delta.completions), default=0)
+                    if delta.finished:  # before yielding: the consumer may stop at the last delta
+                        status = RequestStatus.COMPLETED
+                    yield delta
+        except EngineOverloadedError:
+            status = RequestStatus.OVERLOADED
+            raise
+        except Exception:
+            status = RequestStatus.FAILED
+            raise
+        finally:
+            self.metrics.requests.labels(status.value).inc()
+            if status is RequestStatus.COMPLETED and first_s is not None and most_tokens > 1:
+                self.metrics.time_per_output_token.observe((time.monotonic() - first_s) / (most_tokens - 1))
+
+    async def start(self, job: _Job) -> tuple[RequestDelta, AsyncGenerator[RequestDelta, None]]:
+        """Submit and wait for the first delta, so that refusals become HTTP errors, not broken streams."""
+        stream = self.deltas(job)
+        try:
+            first = await anext(stream)
+        except EngineOverloadedError as error:
+            raise APIError(503, str(error), None, "engine_overloaded", "server_error") from None
+        except EngineStoppedError as error:
+            raise APIError(503, str(error), None, "engine_stopped", "server_error") from None
+        except TetherError as error:  # the engine refused the request (RequestError and the like)
+            raise APIError(400, str(error)) from None
+        return first, stream
+
+    def usage(self, job: _Job, delta: RequestDelta, choices: list[_Choice]) -> dict[str, Any]:
+        completion_tokens = sum(len(choice.token_ids) for choice in choices)
+        return {
+            "prompt_tokens": len(job.prompt_token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(job.prompt_token_ids) + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": delta.num_cached_tokens},
+        }
+
+    def logprobs(self, job: _Job, token_ids: list[int] | tuple[int, ...], values: Any) -> Any:
+        if not job.logprobs:
+            return None
+        texts = [str(self.tokenizer.decode([token])) for token in token_ids]
+        if job.kind == "chat":
+            return {
+                "content": [
+                    {"token": text, "logprob": value, "bytes": list(text.encode()), "top_logprobs": []}
+                    for text, value in zip(texts, values, strict=True)
+                ]
+            }
+        return {"tokens": texts, "token_logprobs": list(values), "top_logprobs": None, "text_offset": None}
+
+    def envelope(self, job: _Job, chunk: bool) -> dict[str, Any]:
+        if job.kind == "chat":
+            request_id, kind = f"chatcmpl-{job.id}", "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            request_id, kind = f"cmpl-{job.id}", "text_completion"
+        return {
+            "id": request_id,
+            "object": kind,
+            "created": job.created,
+            "model": job.model,
+            "system_fingerprint": None,
+        }
+
+    async def complete(self, job: _Job) -> dict[str, Any]:
+        """The whole response, once every sample finished."""
+        first, stream = await self.start(job)
+        choices = [_Choice() for _ in range(job.params.n)]
+        async with contextlib.aclosing(stream):
+            delta: RequestDelta | None = first
+            while delta is not None:
+                for completion in delta.completions:
+                    choice = choices[completion.index]
+                    choice.token_ids += completion.token_ids
+                    choice.logprobs += completion.logprobs
+                    choice.text += completion.text
+                    if completion.finish_reason is not None:
+                        choice.finish_reason = completion.finish_reason.value
+                if delta.finished:
+                    break
+                delta = await anext(stream, None)
+        if delta is None:
+            raise EngineStoppedError("the request ended without finishing")
+        response = self.envelope(job, chunk=False)
+        response["choices"] = [self.choice(job, index, choice) for index, choice in enumerate(choices)]
+        response["usage"] = self.usage(job, delta, choices)
+        return response
+
+    def choice(self, job: _Job, index: int, choice: _Choice) -> dict[str, Any]:
+        logprobs = self.logprobs(job, choice.token_ids, choice.logprobs)
+        reason = choice.finish_reason
+        if job.kind == "chat":
+            message = {"role": "assistant", "content": choice.text, "refusal": None}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "text": choice.text, "logprobs": logprobs, "finish_reason": reason}
+
+    async def sse(
+        self, job: _Job, first: RequestDelta, stream: AsyncGenerator[RequestDelta, None]
+    ) -> AsyncGenerator[str, None]:
+        """Server-sent events: one chunk per sample that changed, then usage if asked, then [DONE]."""
+        choices = [_Choice() for _ in range(job.params.n)]
+        usage: dict[str, Any] = {"usage": None} if job.include_usage else {}
+
+        def event(payload: dict[str, Any]) -> str:
+            return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+        def chunk(body: dict[str, Any]) -> str:
+            return event({**self.envelope(job, chunk=True), "choices": [body], **usage})
+
+        if job.kind == "chat":
+            for index in range(job.params.n):
+                role = {"role": "assistant", "content": ""}
+                yield chunk({"index": index, "delta": role, "logprobs": None, "finish_reason": None})
+        last = first
+        try:
+            async with contextlib.aclosing(stream):
+                delta: RequestDelta | None = first
+                while delta is not None:
+                    last = delta
+                    for completion in delta.completions:
+                        choices[completion.index].token_ids += completion.token_ids
+                        reason = completion.finish_reason.value if completion.finish_reason else None
+                        if not (completion.text or reason or job.logprobs):
+                            continue
+                        body: dict[str, Any] = {"index": completion.index}
+                        if job.kind == "chat":
+                            body["delta"] = {"content": completion.text} if completion.text else {}
+                        else:
+                            body["text"] = completion.text
+                        body["logprobs"] = self.logprobs(job, completion.token_ids, completion.logprobs)
+                        body["finish_reason"] = reason
+                        yield chunk(body)
+                    if delta.finished:
+                        break
+                    delta = await anext(stream, None)
+        except Exception as error:
+            logger.exception("stream %s failed", job.id)
+            yield event(
+                {"error": {"message": str(error), "type": "server_error", "param": None, "code": None}}
+            )
+            return
+        if job.include_usage:
+            final = {**self.envelope(job, chunk=True), "choices": [], "usage": self.usage(job, last, choices)}
+            yield event(final)
+        yield "data: [DONE]\n\n"
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client disconnects first: `work` is then cancelled, which aborts
+    its request in the engine. Streams also stop when a send fails; this covers the wait before one."""
+
+    async def until_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> FastAPI:
+    """The HTTP app; the caller starts and shuts down `async_engine`."""
+    server = _Server(async_engine, tokenizer, model_name)
+    app = FastAPI(title="tether", summary="OpenAI-compatible inference over tether's engine")
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        if error.status < 500:  # refusals for load or a stopped engine are counted where they happen
+            server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
+        return _validation_error(error).response()
+
+    async def respond(job: _Job, request: Request) -> Response:
+        gone = Response(status_code=499)  # nginx's "client closed request": nobody reads it
+        if not job.stream:
+            response = await _unless_disconnected(request, server.complete(job))
+            return gone if response is None else JSONResponse(response)
+        started = await _unless_disconnected(request, server.start(job))
+        if started is None:
+            return gone
+        return StreamingResponse(
+            server.sse(job, *started),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await respond(server.chat_job(body), request)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await respond(server.text_job(body), request)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        limit = async_engine.engine.config.max_model_len
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tether",
+            "max_model_len": limit,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/healthz", response_model=None)
+    async def healthz() -> Response:
+        if not async_engine.is_running:
+            return JSONResponse({"status": "stopped", "error": repr(async_engine.error)}, status_code=503)
+        return JSONResponse({"status": "ok", "pending_requests": async_engine.num_pending})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(server.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def serve(
+    model: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    kv_cache_mib: int = 256,
+    model_name: str | None = None,
+    max_pending_requests: int = 1024,
+    log_level: str = "info",
+    **engine_options: Any,
+) -> None:
+    """Load `model` (a folder or a cached registered name), then serve it with uvicorn until interrupted."""
+    import uvicorn
+
+    from tether.engine.llm_engine import LLMEngine
+    from tether.models import configure_threads
+
+    configure_threads()
+    engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
+    async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
+    app = create_app(async_engine, tokenizer, model_name or Path(model).name)
+    async_engine.start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    finally:
+        async_engine.shutdown()
