@@ -11,22 +11,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field
+from prometheus_client import generate_latest
 from transformers import PreTrainedTokenizerBase
 
 from tether.engine.async_engine import (
@@ -36,195 +31,24 @@ from tether.engine.async_engine import (
     EngineStoppedError,
     RequestDelta,
 )
+from tether.engine.openai_api import (
+    SAMPLING_FIELD,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    validation_error,
+)
 from tether.engine.sampling import SamplingParams
+from tether.engine.server_metrics import (
+    EngineCollector,
+    RequestStatus,
+    ServerMetrics,
+)
 from tether.errors import ConfigError, TetherError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-# requests
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-class _GenerationRequest(_Strict):
-    model: str
-    max_tokens: int | None = None
-    """Default: the rest of the context window."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    top_k: int = -1
-    """Extension: -1 means no limit."""
-    min_p: float = 0.0
-    """Extension."""
-    priority: int = 0
-    """Extension: higher is served first."""
-    ignore_eos: bool = False
-    """Extension: keep generating past the end-of-sequence token."""
-
-
-class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-    def as_template_input(self) -> dict[str, str]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
-
-
-class ChatCompletionRequest(_GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-
-class CompletionRequest(_GenerationRequest):
-    prompt: str | list[int]
-    logprobs: int | None = None
-    echo: bool = False
-
-
-# errors
-
-
-class APIError(Exception):
-    """A request the server refuses, rendered in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}},
-            status_code=self.status,
-        )
-
-
-_SAMPLING_FIELD = re.compile(r"^sampling: (\w+) =")
-
-
-def _validation_error(error: RequestValidationError) -> APIError:
-    problems = []
-    param = None
-    for problem in error.errors():
-        location = [str(part) for part in problem.get("loc", ()) if part != "body"]
-        if problem.get("type") == "json_invalid":
-            problems.append(f"the body is not valid JSON: {problem.get('ctx', {}).get('error', '')}")
-            continue
-        if not location:
-            problems.append("the body must be a JSON object")
-            continue
-        name = ".".join(location) or "body"
-        param = param or name
-        problems.append(f"{name}: {problem.get('msg')} (got {problem.get('input')!r})")
-    return APIError(400, "; ".join(problems) or "invalid request", param)
-
-
-# metrics
-
-
-class RequestStatus(Enum):
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-    REJECTED = "rejected"
-    OVERLOADED = "overloaded"
-    FAILED = "failed"
-
-
-class _EngineCollector(Collector):
-    """Gauges read from the engine thread's last published snapshot at scrape time."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self.engine.stats
-        gauges: list[tuple[str, str, float]] = [
-            ("tether_queue_depth", "Sequences waiting for a seat.", stats.num_waiting),
-            ("tether_running_sequences", "Sequences holding KV blocks.", stats.num_running),
-            ("tether_pending_requests", "Requests submitted and not finished.", self.engine.num_pending),
-        ]
-        if stats.blocks is not None:
-            gauges += [
-                (
-                    "tether_kv_blocks_used",
-                    "KV blocks referenced by a sequence.",
-                    stats.blocks.num_used_blocks,
-                ),
-                ("tether_kv_blocks_total", "KV blocks in the cache.", stats.blocks.num_blocks),
-                (
-                    "tether_prefix_cache_hit_rate",
-                    "Share of looked-up prompt tokens found in the prefix cache.",
-                    stats.blocks.prefix_cache_hit_rate,
-                ),
-            ]
-        for name, documentation, value in gauges:
-            yield GaugeMetricFamily(name, documentation, value=value)
-        yield CounterMetricFamily(
-            "tether_preemptions", "Sequences preempted (KV dropped, recomputed later).", stats.num_preemptions
-        )
-
-
-@dataclass(slots=True)
-class ServerMetrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    generated_tokens: Counter = field(init=False)
-    time_to_first_token: Histogram = field(init=False)
-    time_per_output_token: Histogram = field(init=False)
-    requests: Counter = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.generated_tokens = Counter(
-            "tether_generated_tokens", "Completion tokens generated.", registry=self.registry
-        )
-        self.time_to_first_token = Histogram(
-            "tether_time_to_first_token_seconds",
-            "From request arrival to its first token.",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=self.registry,
-        )
-        self.time_per_output_token = Histogram(
-            "tether_time_per_output_token_seconds",
-            "Mean time between a request's tokens after the first.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
-            registry=self.registry,
-        )
-        self.requests = Counter(
-            "tether_requests", "Requests by final status.", ["status"], registry=self.registry
-        )
-        for status in RequestStatus:
-            self.requests.labels(status.value)
-
 
 # one generation, from validated request to deltas
 
@@ -261,7 +85,7 @@ class _Server:
         self.model_name = model_name
         self.vocab_size = min(len(tokenizer), engine.engine.runner.model.config.vocab_size)
         self.metrics = ServerMetrics()
-        self.metrics.registry.register(_EngineCollector(engine))
+        self.metrics.registry.register(EngineCollector(engine))
 
     # validation
 
@@ -302,7 +126,7 @@ class _Server:
     def _job(
         self,
         kind: Literal["chat", "text"],
-        body: _GenerationRequest,
+        body: GenerationRequest,
         ids: list[int],
         max_tokens: int | None,
         max_tokens_param: str,
@@ -341,7 +165,7 @@ class _Server:
                 ignore_eos=body.ignore_eos,
             )
         except ConfigError as error:
-            match = _SAMPLING_FIELD.match(str(error))
+            match = SAMPLING_FIELD.match(str(error))
             param = match.group(1) if match else None
             message = str(error).removeprefix("sampling: ")
             if param == "max_tokens":  # name the field the client sent
@@ -557,7 +381,7 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
-        return _validation_error(error).response()
+        return validation_error(error).response()
 
     async def respond(job: _Job, request: Request) -> Response:
         gone = Response(status_code=499)  # nginx's "client closed request": nobody reads it

@@ -1,0 +1,86 @@
+"""Prometheus metrics of the engine server, on a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tether.engine.async_engine import AsyncEngine
+
+
+class RequestStatus(Enum):
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    REJECTED = "rejected"
+    OVERLOADED = "overloaded"
+    FAILED = "failed"
+
+
+class EngineCollector(Collector):
+    """Gauges read from the engine thread's last published snapshot at scrape time."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats
+        gauges: list[tuple[str, str, float]] = [
+            ("tether_queue_depth", "Sequences waiting for a seat.", stats.num_waiting),
+            ("tether_running_sequences", "Sequences holding KV blocks.", stats.num_running),
+            ("tether_pending_requests", "Requests submitted and not finished.", self.engine.num_pending),
+        ]
+        if stats.blocks is not None:
+            gauges += [
+                (
+                    "tether_kv_blocks_used",
+                    "KV blocks referenced by a sequence.",
+                    stats.blocks.num_used_blocks,
+                ),
+                ("tether_kv_blocks_total", "KV blocks in the cache.", stats.blocks.num_blocks),
+                (
+                    "tether_prefix_cache_hit_rate",
+                    "Share of looked-up prompt tokens found in the prefix cache.",
+                    stats.blocks.prefix_cache_hit_rate,
+                ),
+            ]
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "tether_preemptions", "Sequences preempted (KV dropped, recomputed later).", stats.num_preemptions
+        )
+
+
+@dataclass(slots=True)
+class ServerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    generated_tokens: Counter = field(init=False)
+    time_to_first_token: Histogram = field(init=False)
+    time_per_output_token: Histogram = field(init=False)
+    requests: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generated_tokens = Counter(
+            "tether_generated_tokens", "Completion tokens generated.", registry=self.registry
+        )
+        self.time_to_first_token = Histogram(
+            "tether_time_to_first_token_seconds",
+            "From request arrival to its first token.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "tether_time_per_output_token_seconds",
+            "Mean time between a request's tokens after the first.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "tether_requests", "Requests by final status.", ["status"], registry=self.registry
+        )
+        for status in RequestStatus:
+            self.requests.labels(status.value)
