@@ -1450,7 +1450,11 @@ SECRET_PROGRAMS = {
                 print(f"BLOCKED {label} public errno={error.errno}")
         found = 0
         for top in ("/etc", "/workspace", "/tmp"):
-            for directory, _, files in os.walk(top):
+            for directory, subdirectories, files in os.walk(top):
+                # A checkout under /tmp is re-bound read-only into a run's /tmp: no run wrote there.
+                if top != "/etc" and os.statvfs(directory).f_flag & os.ST_RDONLY:
+                    subdirectories.clear()
+                    continue
                 for name in files:
                     try:
                         with open(os.path.join(directory, name), "rb") as handle:
