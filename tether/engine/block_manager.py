@@ -199,6 +199,23 @@ class BlockManager:
                 self._cached[hashes[i]] = block.block_id
         self._num_offered[seq.seq_id] = max(start, num_full)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the KV of `seq`'s first `num_tokens` positions: release the blocks past them.
+
+        For rejected speculative tokens: call after lowering `seq.num_computed_tokens` to `num_tokens` and
+        before `cache_full_blocks`, so that no block holding a rejected token's KV is ever offered.
+        """
+        assert seq.num_computed_tokens <= num_tokens, "trim below the computed tokens"
+        keep = -(-num_tokens // self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._unref(block_id)
+        del seq.block_table[keep:]
+        num_full = num_tokens // self.block_size
+        if seq.seq_id in self._hashes:
+            del self._hashes[seq.seq_id][num_full:]
+        if seq.seq_id in self._num_offered:
+            self._num_offered[seq.seq_id] = min(self._num_offered[seq.seq_id], num_full)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let `child` share all of `parent`'s blocks (a later write to a shared block copies it)."""
         assert not child.block_table, "the child of a fork holds no blocks yet"
@@ -214,14 +231,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks; cached ones stay findable. Last blocks first, so they are evicted first."""
         for block_id in reversed(seq.block_table):
-            block = self._blocks[block_id]
-            assert block.ref_count > 0, f"block {block_id} freed more often than referenced"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None:
-                    self._evictable[block_id] = None
-                else:
-                    self._free.append(block_id)
+            self._unref(block_id)
         seq.block_table = []
         self._hashes.pop(seq.seq_id, None)
         self._num_offered.pop(seq.seq_id, None)
@@ -271,6 +281,16 @@ class BlockManager:
         if block.ref_count == 0:
             del self._evictable[block_id]
         block.ref_count += 1
+
+    def _unref(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} freed more often than referenced"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self._evictable[block_id] = None
+            else:
+                self._free.append(block_id)
 
     def _take_block(self) -> int:
         if self._free:

@@ -3,7 +3,8 @@
 Requests carry token ids in and out (the engine never re-tokenizes); text is produced only for stop
 strings and for callers that ask, through the `detokenize` function given at construction. Every sampled
 token records its logprob and the policy version (weights) that produced it. Not thread-safe: one loop
-calls `add_request`, `abort`, `step` and `update_weights`.
+calls `add_request`, `abort`, `step` and `update_weights`. With a `SpeculativeConfig`, each decoding
+sequence's step verifies draft tokens in the same forward pass and may emit several tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams, sample
 from tether.engine.scheduler import RequestError, Scheduler
 from tether.engine.sequence import FinishReason, Sequence
+from tether.engine.speculative import (
+    Draft,
+    DraftRequest,
+    Proposer,
+    SpeculativeConfig,
+    SpeculativeStats,
+    make_proposer,
+    verify,
+)
+from tether.errors import ConfigError
 from tether.models import load
 
 if TYPE_CHECKING:
@@ -70,6 +81,7 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         detokenize: Callable[[list[int]], str] | None = None,
         seed: int = 0,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         if config.num_blocks > runner.kv_cache.num_blocks or config.block_size != runner.block_size:
             raise ValueError(
@@ -86,6 +98,17 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed = torch.Generator().manual_seed(seed)
+        self.speculative = speculative
+        self.spec_stats = SpeculativeStats()
+        self._proposer: Proposer | None = None
+        if speculative is not None:
+            draft = speculative.draft_runner
+            if draft is not None and draft.config.vocab_size != runner.config.vocab_size:
+                raise ConfigError(
+                    f"speculative: draft_runner has a vocabulary of {draft.config.vocab_size} tokens: "
+                    f"expected the target's {runner.config.vocab_size}"
+                )
+            self._proposer = make_proposer(speculative)
 
     @classmethod
     def from_pretrained(
@@ -96,6 +119,7 @@ class LLMEngine:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        speculative: SpeculativeConfig | None = None,
         **engine_options: Any,
     ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
         """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`."""
@@ -122,6 +146,7 @@ class LLMEngine:
             eos_token_ids=model_config.eos_token_ids,
             detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
             seed=seed,
+            speculative=speculative,
         )
         return engine, tokenizer
 
@@ -156,7 +181,8 @@ class LLMEngine:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
-        self.scheduler.abort(request_id)
+        for seq in self.scheduler.abort(request_id):
+            self._release_draft(seq)
         for completion in request.output.completions:
             if completion.finish_reason is None:
                 completion.finish_reason = FinishReason.ABORT
@@ -166,7 +192,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that gained tokens or finished in it."""
-        plan = self.scheduler.schedule()
+        drafts = self._propose()
+        plan = self.scheduler.schedule({seq_id: draft.token_ids for seq_id, draft in drafts.items()})
         if plan.is_empty:
             return []
         if plan.copies:
@@ -179,24 +206,41 @@ class LLMEngine:
                     request.output.num_cached_tokens, seq.num_cached_tokens
                 )
         logits = self.runner.step(
-            [SequenceChunk(c.token_ids, c.start, c.block_table, needs_logits=c.samples) for c in plan.chunks]
+            [
+                SequenceChunk(
+                    c.token_ids,
+                    c.start,
+                    c.block_table,
+                    needs_logits=c.samples,
+                    all_logits=bool(c.draft_token_ids),
+                )
+                for c in plan.chunks
+            ]
         )
-        sampled: dict[int, int | None] = {}
+        sampled: dict[int, int | list[int] | None] = {}
         finished: dict[int, FinishReason] = {}
         touched: dict[str, _Request] = {}
-        for row, chunk in zip(logits, (c for c in plan.chunks if c.samples), strict=True):
+        offset = 0
+        for chunk in (c for c in plan.chunks if c.samples):
+            rows = logits[offset : offset + len(chunk.draft_token_ids) + 1]
+            offset += len(rows)
             seq = self.scheduler.get(chunk.seq_id)
             assert seq is not None
             request = self._requests[seq.request_id]
             touched[seq.request_id] = request
+            if chunk.draft_token_ids:
+                self._verify(request, seq, drafts[seq.seq_id], chunk.draft_token_ids, rows, sampled, finished)
+                continue
             for target in self._fork_samples(request, seq):
                 index = request.seq_index[target]
-                token, logprob = sample(row, request.params, request.generators[index])
+                token, logprob = sample(rows[0], request.params, request.generators[index])
                 sampled[target] = token
                 reason = self._record(request, index, token, logprob)
                 if reason is not None:
                     finished[target] = reason
+        assert offset == len(logits), "every logits row belongs to a sampling chunk"
         for seq in self.scheduler.update_from_output(plan, sampled, finished):
+            self._release_draft(seq)
             request = self._requests[seq.request_id]
             completion = request.output.completions[request.seq_index[seq.seq_id]]
             completion.finish_reason = completion.finish_reason or seq.finish_reason
@@ -205,6 +249,60 @@ class LLMEngine:
             if request.output.finished:
                 del self._requests[request_id]
         return [request.output for request in touched.values()]
+
+    def _propose(self) -> dict[int, Draft]:
+        """Drafts for every decoding sequence, at most k and no more than its request can still emit."""
+        if self.speculative is None or self._proposer is None:
+            return {}
+        requests = []
+        for seq in self.scheduler.running:
+            if seq.num_uncomputed_tokens != 1 or seq.is_prefill:
+                continue
+            request = self._requests[seq.request_id]
+            index = request.seq_index[seq.seq_id]
+            room = min(
+                request.params.max_tokens - len(request.output.completions[index].token_ids),
+                self.config.max_model_len - seq.num_tokens,
+            )
+            num_tokens = min(self.speculative.num_speculative_tokens, room - 1)
+            if num_tokens >= 1:
+                requests.append(
+                    DraftRequest(
+                        seq.seq_id, seq.token_ids, num_tokens, request.params, request.generators[index]
+                    )
+                )
+        return self._proposer.propose(requests) if requests else {}
+
+    def _verify(
+        self,
+        request: _Request,
+        seq: Sequence,
+        draft: Draft,
+        scheduled: tuple[int, ...],
+        rows: torch.Tensor,
+        sampled: dict[int, int | list[int] | None],
+        finished: dict[int, FinishReason],
+    ) -> None:
+        """Accept the scheduled drafts (maybe fewer than proposed) and record tokens up to the first stop."""
+        assert list(scheduled) == draft.token_ids[: len(scheduled)]
+        probs = None if draft.probs is None else draft.probs[: len(scheduled)]
+        index = request.seq_index[seq.seq_id]
+        verdict = verify(rows, Draft(list(scheduled), probs), request.params, request.generators[index])
+        self.spec_stats.num_drafted_tokens += len(scheduled)
+        self.spec_stats.num_accepted_tokens += verdict.num_accepted
+        self.spec_stats.num_verify_steps += 1
+        emitted: list[int] = []
+        for token, logprob in zip(verdict.token_ids, verdict.logprobs, strict=True):
+            emitted.append(token)
+            reason = self._record(request, index, token, logprob)
+            if reason is not None:
+                finished[seq.seq_id] = reason
+                break
+        sampled[seq.seq_id] = emitted
+
+    def _release_draft(self, seq: Sequence) -> None:
+        if self._proposer is not None:
+            self._proposer.release(seq.seq_id)
 
     def _fork_samples(self, request: _Request, seq: Sequence) -> list[int]:
         """The sequences that sample from this row: the first sample of n forks the other n - 1."""

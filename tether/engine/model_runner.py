@@ -26,6 +26,7 @@ class SequenceChunk:
     start: int  # tokens of this sequence already in the cache
     block_table: list[int]  # must cover start + len(token_ids) tokens
     needs_logits: bool = True  # False for a prefill chunk that is not the prompt's last
+    all_logits: bool = False  # logits for every position (verifying speculative drafts), not only the last
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,9 @@ class Batch:
     input_ids: torch.Tensor  # LongTensor[T]
     positions: torch.Tensor  # LongTensor[T]
     attention: AttentionMetadata
-    logits_indices: torch.Tensor  # LongTensor[S]: last token of each chunk that needs logits
+    logits_indices: (
+        torch.Tensor
+    )  # LongTensor[S]: last token of each chunk that needs logits (all for all_logits)
 
 
 class WeightUpdateError(ValueError):
@@ -56,7 +59,9 @@ def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.d
             positions.append(pos)
             slots.append(chunk.block_table[pos // block_size] * block_size + pos % block_size)
         ids.extend(chunk.token_ids)
-        if chunk.needs_logits:
+        if chunk.all_logits:
+            logits_indices.extend(range(len(ids) - len(chunk.token_ids), len(ids)))
+        elif chunk.needs_logits:
             logits_indices.append(len(ids) - 1)
 
     def tensor(values: list[int]) -> torch.Tensor:

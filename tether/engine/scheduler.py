@@ -12,10 +12,16 @@ computed again) until the current one fits, possibly itself. If nothing was pree
 are then admitted in order of importance while seats, budget and blocks allow; a waiting sequence may
 preempt running ones of strictly lower priority for a seat or blocks. Admission stops at the first
 waiting sequence that cannot be placed, so lower-priority ones never jump ahead of it.
+
+Speculation. A decoding sequence may be given draft tokens (`schedule(drafts)`): they ride in its chunk
+after its last token when budget, `max_model_len` and free blocks allow (drafts never cause preemption),
+and `update_from_output` rolls back the KV of the drafts the engine rejected before caching any block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from tether.engine.block_manager import BlockCopy, BlockManager, slot_mapping
@@ -36,9 +42,12 @@ class ScheduledChunk:
     num_tokens: int
     block_table: list[int]
     samples: bool
-    """This chunk reaches the last known token: the model must return logits for its last position."""
+    """This chunk reaches the last known token: the model must return logits for its last position (for
+    every position from the last known token on when it carries drafts)."""
     token_ids: list[int]
-    """Input tokens of positions [start, start + num_tokens)."""
+    """Input tokens of positions [start, start + num_tokens), drafts included."""
+    draft_token_ids: tuple[int, ...] = ()
+    """Speculative tokens after the last known token: the last `len(draft_token_ids)` of `token_ids`."""
 
     @property
     def end(self) -> int:
@@ -77,6 +86,7 @@ class _Plan:
     chunks: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq_id -> (start, num_tokens)
     copies: dict[int, list[BlockCopy]] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
+    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _importance(seq: Sequence) -> tuple[int, int]:
@@ -164,11 +174,13 @@ class Scheduler:
             self._finish(seq, FinishReason.ABORT)
         return seqs
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Mapping[int, Seq[int]] | None = None) -> SchedulerOutput:
+        """Plan one step; `drafts` maps a decoding sequence to speculative tokens to verify after it."""
         plan = _Plan(budget=self.config.max_num_batched_tokens)
         self._may_sample.clear()
         self._running.sort(key=_importance)
-        for seq in list(self._running):
+        running = list(self._running)
+        for index, seq in enumerate(running):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for a more important one earlier in this loop
             num_tokens = min(seq.num_uncomputed_tokens, plan.budget)
@@ -180,7 +192,10 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
-                self._place(seq, num_tokens, [], plan)
+                # Leave one token of budget for each running sequence after this one.
+                spare = plan.budget - num_tokens - (len(running) - index - 1)
+                draft = self._fit_draft(seq, (drafts or {}).get(seq.seq_id, ()), spare)
+                self._place(seq, num_tokens, [], plan, draft)
         if not plan.preempted:
             for seq in sorted(self._waiting, key=_importance):
                 if plan.budget == 0 or not self._admit(seq, plan):
@@ -190,28 +205,41 @@ class Scheduler:
     def update_from_output(
         self,
         output: SchedulerOutput,
-        sampled: dict[int, int | None],
-        finished: dict[int, FinishReason],
+        sampled: Mapping[int, int | Seq[int] | None],
+        finished: Mapping[int, FinishReason],
     ) -> list[Sequence]:
-        """Apply a step's results: cache computed blocks, append tokens, free finished sequences.
+        """Apply a step's results: append tokens, roll back rejected drafts, cache computed blocks, free
+        finished sequences.
 
-        `sampled` maps a sequence to its new token (None: none this step); `finished` to why the engine
-        stopped it. Sequences aborted since `schedule()` are ignored. Returns the sequences finished now.
+        `sampled` maps a sequence to its new token (None: none this step), or, for a chunk with drafts, to
+        the tokens it emits: the accepted drafts then the target's own token, possibly cut short at a stop.
+        `finished` maps a sequence to why the engine stopped it. Sequences aborted since `schedule()` are
+        ignored. Returns the sequences finished now.
         """
+        with_drafts = {chunk.seq_id: chunk for chunk in output.chunks if chunk.draft_token_ids}
+        to_finish = dict(finished)
+        for seq_id, tokens in sampled.items():
+            seq = self._seqs.get(seq_id)
+            if tokens is None or seq is None:
+                continue
+            if seq_id not in self._may_sample:
+                raise ValueError(f"sequence {seq_id} did not sample this step; got token {tokens}")
+            new = [tokens] if isinstance(tokens, int) else list(tokens)
+            limit = len(with_drafts[seq_id].draft_token_ids) + 1 if seq_id in with_drafts else 1
+            if not 1 <= len(new) <= limit:
+                raise ValueError(f"sequence {seq_id}: got tokens {new}: expected 1 to {limit} this step")
+            for token_id in new:
+                seq.append_token(token_id)
+            if seq.num_tokens >= self.config.max_model_len:
+                to_finish.setdefault(seq_id, FinishReason.LENGTH)
+        for seq_id, chunk in with_drafts.items():
+            seq = self._seqs.get(seq_id)
+            if seq is not None and seq.status is SequenceStatus.RUNNING:
+                self._roll_back_drafts(seq, chunk)
         for chunk in output.chunks:
             seq = self._seqs.get(chunk.seq_id)
             if seq is not None and seq.status is SequenceStatus.RUNNING:
                 self.block_manager.cache_full_blocks(seq)
-        to_finish = dict(finished)
-        for seq_id, token_id in sampled.items():
-            seq = self._seqs.get(seq_id)
-            if token_id is None or seq is None:
-                continue
-            if seq_id not in self._may_sample:
-                raise ValueError(f"sequence {seq_id} did not sample this step; got token {token_id}")
-            seq.append_token(token_id)
-            if seq.num_tokens >= self.config.max_model_len:
-                to_finish.setdefault(seq_id, FinishReason.LENGTH)
         self._may_sample.clear()
         done = []
         for seq_id, reason in to_finish.items():
@@ -240,18 +268,49 @@ class Scheduler:
         self._place(seq, num_tokens, prefix, plan)
         return True
 
-    def _place(self, seq: Sequence, num_tokens: int, prefix: list[int], plan: _Plan) -> None:
-        copies = self.block_manager.allocate(seq, num_tokens, prefix)
+    def _fit_draft(self, seq: Sequence, draft: Seq[int], spare: int) -> tuple[int, ...]:
+        """The leading drafts that fit: only after a decoding sequence's last token, within the spare
+        budget, below `max_model_len` (room for the target's own token) and in the free blocks."""
+        if not draft or seq.num_uncomputed_tokens != 1 or seq.is_prefill:
+            return ()
+        limit = min(len(draft), spare, self.config.max_model_len - seq.num_tokens - 1)
+        fitted = tuple(draft[: max(0, limit)])
+        if fitted and not self.block_manager.can_allocate(seq, 1 + len(fitted)):
+            return ()
+        return fitted
+
+    def _place(
+        self, seq: Sequence, num_tokens: int, prefix: list[int], plan: _Plan, draft: tuple[int, ...] = ()
+    ) -> None:
+        total = num_tokens + len(draft)
+        copies = self.block_manager.allocate(seq, total, prefix)
         if copies:
             plan.copies[seq.seq_id] = copies
-        plan.chunks[seq.seq_id] = (seq.num_computed_tokens, num_tokens)
-        seq.num_computed_tokens += num_tokens
-        plan.budget -= num_tokens
+        plan.chunks[seq.seq_id] = (seq.num_computed_tokens, total)
+        if draft:
+            plan.drafts[seq.seq_id] = draft
+        seq.num_computed_tokens += total
+        plan.budget -= total
+
+    def _roll_back_drafts(self, seq: Sequence, chunk: ScheduledChunk) -> None:
+        """Count as computed only the drafts now in the sequence, and never its newest token (the next step
+        must compute it to get logits); release the blocks past them. Called after appending the tokens."""
+        first = chunk.end - len(chunk.draft_token_ids)  # position of the first draft
+        matched = 0
+        for draft, token in zip(
+            chunk.draft_token_ids, seq.token_ids[first : seq.num_tokens - 1], strict=False
+        ):
+            if draft != token:
+                break
+            matched += 1
+        seq.num_computed_tokens = min(first + matched, seq.num_tokens - 1)
+        self.block_manager.trim(seq, seq.num_computed_tokens)
 
     def _preempt(self, seq: Sequence, plan: _Plan) -> None:
         if seq.seq_id in plan.chunks:  # scheduled earlier in this step: give its budget back
             plan.budget += plan.chunks.pop(seq.seq_id)[1]
             plan.copies.pop(seq.seq_id, None)
+            plan.drafts.pop(seq.seq_id, None)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -276,7 +335,9 @@ class Scheduler:
         chunks = []
         for seq_id, (start, num_tokens) in plan.chunks.items():
             seq = self._seqs[seq_id]
-            samples = start + num_tokens == seq.num_tokens
+            draft = plan.drafts.get(seq_id, ())
+            known = num_tokens - len(draft)
+            samples = start + known == seq.num_tokens
             if samples:
                 self._may_sample.add(seq_id)
             chunks.append(
@@ -286,7 +347,8 @@ class Scheduler:
                     num_tokens=num_tokens,
                     block_table=list(seq.block_table),
                     samples=samples,
-                    token_ids=seq.token_ids[start : start + num_tokens],
+                    token_ids=seq.token_ids[start : start + known] + list(draft),
+                    draft_token_ids=draft,
                 )
             )
         copies = [copy for seq_copies in plan.copies.values() for copy in seq_copies]

@@ -56,7 +56,8 @@ class Sequence:
         """Prompt then output tokens."""
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0
-        """Leading tokens whose KV is in the cache (counting those scheduled in the current step)."""
+        """Leading tokens whose KV is in the cache (counting those scheduled in the current step, speculative
+        drafts included until `Scheduler.update_from_output` rolls back the rejected ones)."""
         self.num_cached_tokens = 0
         """Prompt tokens served from the prefix cache when the sequence was first admitted."""
         self.num_preemptions = 0
