@@ -15,12 +15,11 @@ from tether.engine import EngineConfig, FinishReason, Scheduler, SchedulerOutput
 from tether.engine.block_manager import BlockManager
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.sampling import SamplingParams
+from tether.engine.sampling import SamplingParams, probabilities
 from tether.engine.speculative import (
     Draft,
     SpeculativeConfig,
     find_ngram_draft,
-    probabilities,
     verify,
 )
 from tether.errors import ConfigError

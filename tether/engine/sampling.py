@@ -46,6 +46,28 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution `sample` draws from, for each row of [rows, vocab] float32 logits
+    (temperature, top-k, top-p, min-p; one-hot at the argmax when greedy)."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+    allowed = logits / params.temperature
+    if params.top_k != -1 and params.top_k < allowed.shape[-1]:
+        threshold = torch.topk(allowed, params.top_k, dim=-1).values[..., -1:]
+        allowed = allowed.masked_fill(allowed < threshold, -torch.inf)
+    if params.top_p < 1:
+        ordered, order = torch.sort(allowed, descending=True, dim=-1)
+        ordered_probs = torch.softmax(ordered, dim=-1)
+        outside = ordered_probs.cumsum(dim=-1) - ordered_probs >= params.top_p  # keeps the crossing token
+        allowed = allowed.scatter(-1, order, ordered.masked_fill(outside, -torch.inf))
+    if params.min_p > 0:
+        probs = torch.softmax(allowed, dim=-1)
+        allowed = allowed.masked_fill(
+            probs < params.min_p * probs.max(dim=-1, keepdim=True).values, -torch.inf
+        )
+    return torch.softmax(allowed, dim=-1)
+
+
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[int, float]:
@@ -53,21 +75,6 @@ def sample(
     if params.greedy:
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
-    scaled = logits / params.temperature
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    allowed = scaled.clone()
-    if params.top_k != -1 and params.top_k < allowed.numel():
-        threshold = torch.topk(allowed, params.top_k).values[-1]
-        allowed[allowed < threshold] = -torch.inf
-    if params.top_p < 1:
-        ordered, order = torch.sort(allowed, descending=True)
-        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-        outside = (
-            cumulative - torch.softmax(ordered, dim=-1) >= params.top_p
-        )  # keeps the token crossing top_p
-        allowed[order[outside]] = -torch.inf
-    if params.min_p > 0:
-        probabilities = torch.softmax(allowed, dim=-1)
-        allowed[probabilities < params.min_p * probabilities.max()] = -torch.inf
-    token = int(torch.multinomial(torch.softmax(allowed, dim=-1), 1, generator=generator))
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
+    token = int(torch.multinomial(probabilities(logits[None], params)[0], 1, generator=generator))
     return token, float(logprobs[token])

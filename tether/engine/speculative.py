@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.sampling import SamplingParams
+from tether.engine.sampling import SamplingParams, probabilities
 from tether.errors import ConfigError
 
 
@@ -227,28 +227,6 @@ def _runner(config: SpeculativeConfig) -> ModelRunner:
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:
     return PROPOSERS[SpeculativeMode(config.mode)](config)
-
-
-def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution `sampling.sample` draws from, for each row of [rows, vocab] float32 logits
-    (temperature, top-k, top-p, min-p; one-hot at the argmax when greedy)."""
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    allowed = logits / params.temperature
-    if params.top_k != -1 and params.top_k < allowed.shape[-1]:
-        threshold = torch.topk(allowed, params.top_k, dim=-1).values[..., -1:]
-        allowed = allowed.masked_fill(allowed < threshold, -torch.inf)
-    if params.top_p < 1:
-        ordered, order = torch.sort(allowed, descending=True, dim=-1)
-        ordered_probs = torch.softmax(ordered, dim=-1)
-        outside = ordered_probs.cumsum(dim=-1) - ordered_probs >= params.top_p  # keeps the crossing token
-        allowed = allowed.scatter(-1, order, ordered.masked_fill(outside, -torch.inf))
-    if params.min_p > 0:
-        probs = torch.softmax(allowed, dim=-1)
-        allowed = allowed.masked_fill(
-            probs < params.min_p * probs.max(dim=-1, keepdim=True).values, -torch.inf
-        )
-    return torch.softmax(allowed, dim=-1)
 
 
 @dataclass(frozen=True, slots=True)
