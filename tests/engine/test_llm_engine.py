@@ -169,3 +169,15 @@ def test_weight_update_invalidates_the_prefix_cache_and_tags_versions(tiny_path:
 def test_bad_sampling_parameters_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"sampling: {field} = "):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_int8_engine_accepts_float_weight_updates(tiny_path: Path) -> None:
+    engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
+    before = engine.generate([PROMPTS[3]], GREEDY)[0].completions[0]
+    model, _, _ = load(tiny_path)
+    name = next(n for n, _ in model.named_parameters() if n.endswith("mlp.down_proj.weight"))
+    weight = dict(model.named_parameters())[name]
+    assert engine.update_weights({name: weight * 3}) == 1
+    after = engine.generate([PROMPTS[3]], GREEDY)[0].completions[0]
+    assert after.versions == [1] * len(after.token_ids)
+    assert after.logprobs != before.logprobs

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import models, sandbox
+from tether.cli import engine, models, sandbox
 from tether.cli.common import CliState, pool_config, state, user_errors
 from tether.cli.serve import serve_command
 from tether.config import TetherSettings
@@ -19,6 +19,7 @@ from tether.config import TetherSettings
 app = typer.Typer(help="tether: train and run long-horizon LLM agents.", no_args_is_help=True)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(models.app, name="models")
+app.add_typer(engine.app, name="engine")
 app.command("serve")(serve_command)
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")

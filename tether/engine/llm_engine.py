@@ -119,11 +119,14 @@ class LLMEngine:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        quantization: str | None = None,
         speculative: SpeculativeConfig | None = None,
         **engine_options: Any,
     ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
         """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`."""
-        model, tokenizer, model_config = load(path_or_name, cache_dir, device=device, dtype=dtype)
+        model, tokenizer, model_config = load(
+            path_or_name, cache_dir, device=device, dtype=dtype, quantization=quantization
+        )
         block_size = int(engine_options.pop("block_size", 16))
         bytes_per_block = (
             2

@@ -15,6 +15,7 @@ import torch
 from tether.engine.attention import AttentionMetadata, SequenceSpan
 from tether.engine.kv_cache import KVCache
 from tether.models.config import ModelConfig
+from tether.models.quantize import is_quantized, update_quantized_weights
 from tether.models.transformer import CausalLM
 
 
@@ -145,6 +146,8 @@ class ModelRunner:
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
     ) -> int:
         """Copy tensors into the live parameters in place; all are validated before any is copied."""
+        if is_quantized(self.model):
+            return update_quantized_weights(self.model, named_tensors)
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in items:

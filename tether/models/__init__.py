@@ -3,6 +3,13 @@
 from tether.models.cache import CachedModel, PullError, list_cached, pull
 from tether.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
 from tether.models.loader import load
+from tether.models.quantize import (
+    QUANTIZERS,
+    QuantizationError,
+    QuantizedLinear,
+    quantize_int8,
+    update_quantized_weights,
+)
 from tether.models.registry import KNOWN_MODELS, ModelSource, UnknownModelError
 from tether.models.threads import configure_threads
 from tether.models.transformer import CausalLM
@@ -10,15 +17,20 @@ from tether.models.transformer import CausalLM
 __all__ = [
     "ARCHITECTURES",
     "KNOWN_MODELS",
+    "QUANTIZERS",
     "CachedModel",
     "CausalLM",
     "ModelConfig",
     "ModelSource",
     "PullError",
+    "QuantizationError",
+    "QuantizedLinear",
     "UnknownModelError",
     "UnsupportedModelError",
     "configure_threads",
     "list_cached",
     "load",
     "pull",
+    "quantize_int8",
+    "update_quantized_weights",
 ]

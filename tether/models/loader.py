@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from tether.models.cache import pull
 from tether.models.config import ModelConfig, UnsupportedModelError
+from tether.models.quantize import get_quantizer
 from tether.models.registry import lookup
 from tether.models.transformer import CausalLM
 
@@ -74,12 +75,20 @@ def load(
     cache_dir: Path | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    quantization: str | None = None,
 ) -> tuple[CausalLM, PreTrainedTokenizerBase, ModelConfig]:
-    """Our model (in eval mode, on `device`), its tokenizer and its config."""
+    """Our model (in eval mode, on `device`), its tokenizer and its config.
+
+    `quantization`: None keeps the checkpoint's weights in `dtype`; "int8" quantizes the transformer
+    blocks' Linear weights (see `tether.models.quantize`).
+    """
+    quantizer = None if quantization is None else get_quantizer(quantization)  # fails before any loading
     folder = resolve(path_or_name, cache_dir)
     config = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = CausalLM(config)
     load_weights(model, folder, device, dtype)
+    if quantizer is not None:
+        quantizer(model)
     model.eval().requires_grad_(False)
     return model, load_tokenizer(folder), config

@@ -1,0 +1,86 @@
+"""`tether engine ...`: benchmark the inference engine on a real model against its baselines."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tether.cli.common import err_console, print_json, state, user_errors
+from tether.engine.bench import BenchConfig, run_bench
+
+app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
+console = Console()
+
+
+@app.callback()
+def main() -> None:
+    """The inference engine: benchmarks."""
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return "-" if value is None else str(value)
+
+
+@app.command("bench")
+def bench_command(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", help="Registered model name or HF folder.")] = (
+        "smollm2-135m-instruct"
+    ),
+    requests: Annotated[int, typer.Option("--requests", help="Requests in the throughput workload.")] = 64,
+    min_output: Annotated[int, typer.Option("--min-output", help="Shortest output, in tokens.")] = 16,
+    max_output: Annotated[int, typer.Option("--max-output", help="Longest output, in tokens.")] = 256,
+    prefix_tokens: Annotated[
+        int, typer.Option("--prefix-tokens", help="Shared prefix of the time-to-first-token test.")
+    ] = 1024,
+    repeats: Annotated[int, typer.Option("--repeats", help="Repeats; every figure is a median.")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the output lengths.")] = 0,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
+) -> None:
+    """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process."""
+    with user_errors():
+        config = BenchConfig(
+            model=model,
+            cache_dir=cache_dir or state(ctx).settings().cache_dir,
+            requests=requests,
+            min_output=min_output,
+            max_output=max_output,
+            prefix_tokens=prefix_tokens,
+            repeats=repeats,
+            seed=seed,
+        )
+        progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+        )
+        with progress:
+            task = progress.add_task("starting", total=None)
+            result = run_bench(config, lambda message: progress.update(task, description=message))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title=f"engine bench: {model}")
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, _format(value))
+    console.print(table)

@@ -1,0 +1,316 @@
+"""The engine benchmark: our continuous batching, prefix cache and int8 weights against their baselines.
+
+Every figure is a median over `repeats`, and each baseline (transformers' static batches, a cold prefix
+cache, float weights) runs in the same invocation, interleaved with what it is compared to: absolute
+times on a shared machine mean little. The benchmark loads models and measures; it prints nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.nn.functional as F
+
+from tether.engine.llm_engine import LLMEngine
+from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk, make_batch
+from tether.engine.sampling import SamplingParams
+from tether.engine.speculative import SpeculativeConfig, SpeculativeMode
+from tether.errors import ConfigError
+from tether.models.loader import resolve
+from tether.models.quantize import REFERENCE_TEXT, quantize_int8
+from tether.models.threads import configure_threads
+from tether.models.transformer import CausalLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Progress = Callable[[str], None]
+
+SYSTEM = "You are a helpful assistant. Answer clearly and in full sentences."
+QUESTIONS = (
+    "Explain how a {} works.",
+    "Write a short story about a {}.",
+    "What are the main advantages of a {}?",
+    "Describe the history of the {} in a few paragraphs.",
+)
+TOPICS = (
+    "bicycle",
+    "lighthouse",
+    "steam engine",
+    "library",
+    "volcano",
+    "telescope",
+    "garden",
+    "bridge",
+    "submarine",
+    "violin",
+    "windmill",
+    "compass",
+    "glacier",
+    "printing press",
+    "honeybee",
+    "railway",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    model: str | Path = "smollm2-135m-instruct"
+    """A registered model name or a Hugging Face folder."""
+    cache_dir: Path | None = None
+    """Model cache root (default: the settings' cache_dir)."""
+    requests: int = 64
+    """Requests in the throughput workload."""
+    min_output: int = 16
+    """Shortest output, in tokens (lengths are drawn uniformly, seeded, and exact: EOS is ignored)."""
+    max_output: int = 256
+    """Longest output, in tokens."""
+    hf_batch_size: int = 16
+    """Static batch size of the transformers baseline."""
+    prefix_tokens: int = 1024
+    """Shared prefix of the time-to-first-token measurement, in tokens."""
+    repeats: int = 3
+    """Repeats of every measurement; figures are medians."""
+    kv_cache_mib: int = 768
+    """KV cache of each engine, in MiB."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "min_output", "max_output", "hf_batch_size", "prefix_tokens", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
+        if self.max_output < self.min_output:
+            raise ConfigError(
+                f"bench: max_output = {self.max_output}: expected at least min_output ({self.min_output})"
+            )
+        if self.kv_cache_mib < 1:
+            raise ConfigError(f"bench: kv_cache_mib = {self.kv_cache_mib}: expected at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    prompts: list[list[int]]
+    lengths: list[int]  # exact output tokens of each request
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+@dataclass(slots=True)
+class _Samples:
+    """Per-repeat measurements, reduced to medians at the end."""
+
+    engine_s: list[float] = field(default_factory=list)
+    hf_s: list[float] = field(default_factory=list)
+    int8_s: list[float] = field(default_factory=list)
+    spec_s: list[float] = field(default_factory=list)
+    cached_ttft_s: list[float] = field(default_factory=list)
+    cold_ttft_s: list[float] = field(default_factory=list)
+
+
+def make_workload(tokenizer: PreTrainedTokenizerBase, config: BenchConfig) -> Workload:
+    rng = random.Random(config.seed)
+    prompts: list[list[int]] = []
+    for i in range(config.requests):
+        question = QUESTIONS[i % len(QUESTIONS)].format(TOPICS[(i // len(QUESTIONS)) % len(TOPICS)])
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        prompts.append([int(t) for t in cast(list[int], ids)])
+    lengths = [rng.randint(config.min_output, config.max_output) for _ in prompts]
+    return Workload(prompts, lengths)
+
+
+def prefix_prompts(tokenizer: PreTrainedTokenizerBase, prefix_tokens: int) -> tuple[list[int], list[int]]:
+    """Two prompts sharing their first `prefix_tokens` tokens (the reference text, repeated)."""
+    text_ids = [int(t) for t in tokenizer.encode(REFERENCE_TEXT, add_special_tokens=False)]
+    prefix = list(itertools.islice(itertools.cycle(text_ids), prefix_tokens))
+    first = [int(t) for t in tokenizer.encode(" What happened in the morning?", add_special_tokens=False)]
+    second = [int(t) for t in tokenizer.encode(" What happened in the evening?", add_special_tokens=False)]
+    return prefix + first, prefix + second
+
+
+@torch.inference_mode()
+def perplexity(model: CausalLM, token_ids: list[int], block_size: int = 16) -> float:
+    """exp(mean negative log-likelihood) of every token after the first, in one prefill."""
+    assert len(token_ids) >= 2, "perplexity needs at least two tokens"
+    blocks = -(-len(token_ids) // block_size)
+    runner = ModelRunner(model, num_blocks=blocks, block_size=block_size)
+    batch = make_batch([SequenceChunk(token_ids, 0, list(range(blocks)))], block_size, runner.device)
+    every = torch.arange(len(token_ids) - 1, device=runner.device)
+    logits = runner.run(Batch(batch.input_ids, batch.positions, batch.attention, every))
+    targets = torch.tensor(token_ids[1:], device=runner.device)
+    return math.exp(float(F.cross_entropy(logits, targets)))
+
+
+def run_engine(engine: LLMEngine, workload: Workload) -> tuple[float, list[list[int]]]:
+    """Seconds to finish the whole workload through continuous batching (greedy), and the outputs."""
+    engine.block_manager.invalidate_prefix_cache()  # no repeat profits from the one before
+    base = f"bench-{time.monotonic_ns()}"
+    outputs: dict[str, list[int]] = {}
+    started = time.perf_counter()
+    for i, (prompt, length) in enumerate(zip(workload.prompts, workload.lengths, strict=True)):
+        params = SamplingParams(max_tokens=length, temperature=0, ignore_eos=True)
+        engine.add_request(f"{base}-{i}", prompt, params)
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                outputs[output.request_id] = output.completions[0].token_ids
+    elapsed = time.perf_counter() - started
+    return elapsed, [outputs[f"{base}-{i}"] for i in range(len(workload.prompts))]
+
+
+@torch.inference_mode()
+def run_hf(hf: Any, pad_id: int, workload: Workload, batch_size: int) -> tuple[float, list[list[int]]]:
+    """Seconds for transformers `generate` in static, left-padded batches (each runs to its longest
+    member), and each request's first `length` tokens."""
+    outputs: list[list[int]] = []
+    started = time.perf_counter()
+    for start in range(0, len(workload.prompts), batch_size):
+        prompts = workload.prompts[start : start + batch_size]
+        lengths = workload.lengths[start : start + batch_size]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        new = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(lengths),
+            do_sample=False,
+            pad_token_id=pad_id,
+        )[:, width:]
+        assert new.shape[1] == max(lengths), "transformers stopped early: EOS was not disabled"
+        outputs.extend(
+            [int(t) for t in row[:length]] for row, length in zip(new.tolist(), lengths, strict=True)
+        )
+    return time.perf_counter() - started, outputs
+
+
+def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
+    """Seconds until the first token of `prompt` (prefill included), and how many tokens came from cache."""
+    started = time.perf_counter()
+    [output] = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
+    return time.perf_counter() - started, output.num_cached_tokens
+
+
+def load_reference(folder: Path) -> Any:
+    """transformers' model for the same folder, in float32, never stopping at EOS."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # ignore_eos, as the engine requests do
+    return hf
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else math.inf
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every measurement; returns one flat JSON-ready dict of medians and the workload's shape."""
+    say = progress or (lambda _message: None)
+    started = time.perf_counter()
+    threads = configure_threads()
+    folder = resolve(config.model, config.cache_dir)
+    say("loading models")
+    engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=config.kv_cache_mib, seed=config.seed)
+    int8_engine, _ = LLMEngine.from_pretrained(folder, kv_cache_mib=config.kv_cache_mib, seed=config.seed)
+    quantize_int8(int8_engine.runner.model)
+    spec_engine, _ = LLMEngine.from_pretrained(
+        folder,
+        kv_cache_mib=config.kv_cache_mib,
+        seed=config.seed,
+        speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM),
+    )
+    hf = load_reference(folder)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    workload = make_workload(tokenizer, config)
+    warmup = Workload(workload.prompts[:2], [4, 4])
+    for warm in (engine, int8_engine, spec_engine):
+        run_engine(warm, warmup)
+    run_hf(hf, pad_id, warmup, config.hf_batch_size)
+
+    samples = _Samples()
+    engine_outputs: list[list[int]] = []
+    hf_outputs: list[list[int]] = []
+    spec_outputs: list[list[int]] = []
+    for repeat in range(config.repeats):
+        say(f"repeat {repeat + 1}/{config.repeats}: engine, {workload.output_tokens} tokens")
+        seconds, engine_outputs = run_engine(engine, workload)
+        samples.engine_s.append(seconds)
+        say(f"repeat {repeat + 1}/{config.repeats}: transformers, static batches of {config.hf_batch_size}")
+        seconds, hf_outputs = run_hf(hf, pad_id, workload, config.hf_batch_size)
+        samples.hf_s.append(seconds)
+        say(f"repeat {repeat + 1}/{config.repeats}: engine with int8 weights")
+        samples.int8_s.append(run_engine(int8_engine, workload)[0])
+        say(f"repeat {repeat + 1}/{config.repeats}: engine with n-gram speculative decoding")
+        seconds, spec_outputs = run_engine(spec_engine, workload)
+        samples.spec_s.append(seconds)
+
+    first, second = prefix_prompts(tokenizer, config.prefix_tokens)
+    cached_tokens = 0
+    time_to_first_token(engine, first)  # warm-up at this length
+    for repeat in range(config.repeats):
+        say(f"repeat {repeat + 1}/{config.repeats}: time to first token, {config.prefix_tokens}-token prefix")
+        engine.block_manager.invalidate_prefix_cache()
+        time_to_first_token(engine, first)  # fills the prefix cache
+        seconds, cached_tokens = time_to_first_token(engine, second)
+        samples.cached_ttft_s.append(seconds)
+        engine.block_manager.invalidate_prefix_cache()
+        samples.cold_ttft_s.append(time_to_first_token(engine, second)[0])
+
+    say("perplexity of float and int8 weights")
+    text_ids = [int(t) for t in tokenizer.encode(REFERENCE_TEXT, add_special_tokens=False)]
+    float_ppl = perplexity(engine.runner.model, text_ids)
+    int8_ppl = perplexity(int8_engine.runner.model, text_ids)
+
+    tokens = workload.output_tokens
+    throughput = tokens / statistics.median(samples.engine_s)
+    hf_throughput = tokens / statistics.median(samples.hf_s)
+    int8_throughput = tokens / statistics.median(samples.int8_s)
+    prefix_ttft = statistics.median(samples.cached_ttft_s)
+    cold_ttft = statistics.median(samples.cold_ttft_s)
+    matches = sum(ours == theirs for ours, theirs in zip(engine_outputs, hf_outputs, strict=True))
+    spec_throughput = tokens / statistics.median(samples.spec_s)
+    spec_matches = sum(ours == theirs for ours, theirs in zip(engine_outputs, spec_outputs, strict=True))
+    return {
+        "model": str(config.model),
+        "requests": config.requests,
+        "output_tokens": tokens,
+        "min_output": config.min_output,
+        "max_output": config.max_output,
+        "hf_batch_size": config.hf_batch_size,
+        "repeats": config.repeats,
+        "threads": threads,
+        "throughput_tok_s": throughput,
+        "hf_throughput_tok_s": hf_throughput,
+        "throughput_speedup": ratio(throughput, hf_throughput),
+        "prefix_tokens": config.prefix_tokens,
+        "prefix_cached_tokens": cached_tokens,
+        "prefix_ttft_ms": 1000 * prefix_ttft,
+        "cold_ttft_ms": 1000 * cold_ttft,
+        "prefix_speedup": ratio(cold_ttft, prefix_ttft),
+        "int8_throughput_tok_s": int8_throughput,
+        "int8_speedup": ratio(int8_throughput, throughput),
+        "float_ppl": float_ppl,
+        "int8_ppl": int8_ppl,
+        "int8_ppl_delta": int8_ppl - float_ppl,
+        "greedy_match": matches / len(workload.prompts),
+        "spec_throughput_tok_s": spec_throughput,
+        "spec_speedup": ratio(spec_throughput, throughput),
+        "acceptance_rate": spec_engine.spec_stats.acceptance_rate,
+        "spec_greedy_match": spec_matches / len(workload.prompts),
+        "duration_s": time.perf_counter() - started,
+    }
