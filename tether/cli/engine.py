@@ -13,7 +13,6 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tether.cli.common import err_console, print_json, state, user_errors
-from tether.engine.bench import BenchConfig, run_bench
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -56,6 +55,8 @@ def bench_command(
 ) -> None:
     """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process."""
     with user_errors():
+        from tether.engine.bench import BenchConfig, run_bench  # torch: loaded only when benchmarking
+
         config = BenchConfig(
             model=model,
             cache_dir=cache_dir or state(ctx).settings().cache_dir,

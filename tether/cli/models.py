@@ -13,7 +13,6 @@ from rich.table import Table
 from tether.cli.common import err_console, print_json, state, user_errors
 from tether.models.cache import list_cached, pull
 from tether.models.registry import KNOWN_MODELS
-from tether.models.threads import configure_threads
 
 app = typer.Typer(help="Models: pull registered models into the cache, list them.", no_args_is_help=True)
 console = Console()
@@ -36,6 +35,8 @@ def pull_command(
 ) -> None:
     """Install and convert a registered model once; print the folder it lives in."""
     root = _cache_dir(ctx, cache_dir)
+    from tether.models.threads import configure_threads  # torch: loaded only to convert
+
     configure_threads()
     started = time.monotonic()
     with user_errors(), err_console.status(f"pulling {name}") as status:
