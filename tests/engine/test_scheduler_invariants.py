@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from tests.engine.fake_kv import apply_block_copies
 from tether.engine import EngineConfig, FinishReason, Scheduler, SchedulerOutput, Sequence, SequenceStatus
 
 KvValue = tuple[int, tuple[int, ...]]  # (weights version, tokens up to and including the position)
@@ -70,11 +71,7 @@ def run_model(
 ) -> None:
     """Check every chunk reads KV of its own prefix, computed no earlier than its admission; write KV."""
     size = scheduler.config.block_size
-    snapshot = dict(kv)
-    for source, destination in output.copies:
-        for offset in range(size):
-            if source * size + offset in snapshot:
-                kv[destination * size + offset] = snapshot[source * size + offset]
+    apply_block_copies(kv, output.copies, size)
     for chunk in output.chunks:
         seq = scheduler.get(chunk.seq_id)
         assert seq is not None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.fake_kv import apply_block_copies
 from tests.engine.test_scheduler_invariants import check_blocks
 from tether.engine import EngineConfig, FinishReason, Scheduler, SchedulerOutput, Sequence
 from tether.engine.block_manager import BlockManager
@@ -281,11 +282,7 @@ def test_drafts_never_preempt_and_respect_the_token_budget() -> None:
 def run_fake_model(scheduler: Scheduler, output: SchedulerOutput, kv: dict[int, tuple[int, ...]]) -> None:
     """Check every chunk reads KV of its own true prefix; write KV keyed by the tokens it was fed."""
     size = scheduler.config.block_size
-    snapshot = dict(kv)
-    for source, destination in output.copies:
-        for offset in range(size):
-            if source * size + offset in snapshot:
-                kv[destination * size + offset] = snapshot[source * size + offset]
+    apply_block_copies(kv, output.copies, size)
     for chunk in output.chunks:
         seq = scheduler.get(chunk.seq_id)
         assert seq is not None
