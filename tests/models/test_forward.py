@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk, WeightUpdateError, make_batch
-from tether.models import load
+from tether.models import ModelConfig, load
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3"]
 BLOCK_SIZE = 4
@@ -30,6 +30,12 @@ def reference_last_logits(hf: Any, tokens: list[int]) -> torch.Tensor:
     return out
 
 
+def ours_and_reference(folder: Path) -> tuple[ModelConfig, Any, ModelRunner]:
+    """The model's config, the transformers reference, and a runner over our model and a fresh paged cache."""
+    model, _, config = load(folder)
+    return config, reference(folder), ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+
+
 def scattered_blocks(seed: int) -> list[int]:
     """Block ids in shuffled order, so consecutive blocks of a sequence are far apart in the cache."""
     blocks = list(range(NUM_BLOCKS))
@@ -41,10 +47,7 @@ def scattered_blocks(seed: int) -> list[int]:
 def test_chunked_prefill_and_paged_decode_match_transformers(
     architecture: str, tiny_model: Callable[[str], Path]
 ) -> None:
-    folder = tiny_model(architecture)
-    model, _, config = load(folder)
-    hf = reference(folder)
-    runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    config, hf, runner = ours_and_reference(tiny_model(architecture))
     rng = random.Random(1)
     prompts = [[rng.randrange(config.vocab_size) for _ in range(n)] for n in (5, 9, 13)]
     free = scattered_blocks(seed=2)
@@ -93,15 +96,12 @@ def test_chunked_prefill_and_paged_decode_match_transformers(
 def test_every_prompt_position_matches_transformers(
     architecture: str, tiny_model: Callable[[str], Path]
 ) -> None:
-    folder = tiny_model(architecture)
-    model, _, config = load(folder)
-    hf = reference(folder)
-    runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    config, hf, runner = ours_and_reference(tiny_model(architecture))
     tokens = [random.Random(3).randrange(config.vocab_size) for _ in range(10)]
     chunk = SequenceChunk(tokens, 0, scattered_blocks(seed=4)[:3])
     batch = make_batch([chunk], BLOCK_SIZE, "cpu")
     with torch.no_grad():
-        ours = model(batch.input_ids, batch.positions, batch.attention, runner.kv_cache)
+        ours = runner.model(batch.input_ids, batch.positions, batch.attention, runner.kv_cache)
         theirs = hf(torch.tensor([tokens])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
@@ -110,10 +110,7 @@ def test_every_prompt_position_matches_transformers(
 def test_greedy_decode_equals_transformers_generate(
     architecture: str, tiny_model: Callable[[str], Path]
 ) -> None:
-    folder = tiny_model(architecture)
-    model, _, config = load(folder)
-    hf = reference(folder)
-    runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    config, hf, runner = ours_and_reference(tiny_model(architecture))
     rng = random.Random(5)
     prompts = [[rng.randrange(config.vocab_size - 3) for _ in range(n)] for n in (3, 8, 11)]
     ours = runner.generate_greedy(prompts, max_new_tokens=12, eos_token_ids=(), prefill_chunk=3)
