@@ -33,6 +33,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
+	$(PIP) -e '.[dev,ray]'
 	$(PY) -m pytest -q -m slow
 
 clean:

@@ -13,7 +13,9 @@ from rich.console import Console
 
 from tether.cli import engine, models, sandbox
 from tether.cli.common import CliState, pool_config, state, user_errors
+from tether.cli.jobs import app as jobs_app
 from tether.cli.serve import serve_command
+from tether.cli.sim import sim_command
 from tether.config import TetherSettings
 
 app = typer.Typer(help="tether: train and run long-horizon LLM agents.", no_args_is_help=True)
@@ -21,6 +23,8 @@ app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(models.app, name="models")
 app.add_typer(engine.app, name="engine")
 app.command("serve")(serve_command)
+app.command("sim")(sim_command)
+app.add_typer(jobs_app, name="jobs")
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 console = Console()

@@ -1,0 +1,235 @@
+"""The local back end's persistent job store: one SQLite file shared by every `tether jobs` process.
+
+Writers take `BEGIN IMMEDIATE` so that two submitters, or a submitter and a finishing job's supervisor,
+never both hand out the same capacity. The store holds records only; it starts and kills nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.errors import ConfigError
+from tether.scheduler.job import JobKind, JobState
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    command TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    preemptible INTEGER NOT NULL,
+    cpus REAL NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    accelerators INTEGER NOT NULL,
+    expected_duration_s REAL NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    pid INTEGER,
+    exit_code INTEGER,
+    reason TEXT NOT NULL DEFAULT '',
+    log_path TEXT NOT NULL
+);
+"""
+
+
+def default_store_path() -> Path:
+    """`$XDG_STATE_HOME/tether/jobs.sqlite`, else `~/.local/state/tether/jobs.sqlite`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tether" / "jobs.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """What `tether jobs submit` asks for; one process on this machine."""
+
+    command: tuple[str, ...]
+    name: str = ""
+    cwd: str = "."
+    kind: JobKind = JobKind.AGENT
+    tenant: str = "default"
+    priority: int = 0
+    preemptible: bool = False
+    cpus: float = 1.0
+    memory_mib: int = 512
+    accelerators: int = 0
+    expected_duration_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: int
+    request: JobRequest
+    state: JobState
+    attempts: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    pid: int | None
+    exit_code: int | None
+    reason: str
+    log_path: str
+
+    def summary(self) -> dict[str, object]:
+        request = self.request
+        return {
+            "id": self.id,
+            "name": request.name,
+            "command": list(request.command),
+            "cwd": request.cwd,
+            "kind": request.kind.value,
+            "tenant": request.tenant,
+            "priority": request.priority,
+            "preemptible": request.preemptible,
+            "cpus": request.cpus,
+            "memory_mib": request.memory_mib,
+            "accelerators": request.accelerators,
+            "expected_duration_s": request.expected_duration_s,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "pid": self.pid,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "log_path": self.log_path,
+        }
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    request = JobRequest(
+        command=tuple(json.loads(row["command"])),
+        name=row["name"],
+        cwd=row["cwd"],
+        kind=JobKind(row["kind"]),
+        tenant=row["tenant"],
+        priority=row["priority"],
+        preemptible=bool(row["preemptible"]),
+        cpus=row["cpus"],
+        memory_mib=row["memory_mib"],
+        accelerators=row["accelerators"],
+        expected_duration_s=row["expected_duration_s"],
+    )
+    return JobRecord(
+        id=row["id"],
+        request=request,
+        state=JobState(row["state"]),
+        attempts=row["attempts"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        pid=row["pid"],
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+        log_path=row["log_path"],
+    )
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.DatabaseError) as error:
+            raise ConfigError(f"job store {str(path)!r} cannot be opened: {error}") from None
+        self.log_dir = path.parent / f"{path.stem}-logs"
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row["value"])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def insert(self, request: JobRequest, now: float) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO jobs (name, command, cwd, kind, tenant, priority, preemptible, cpus, memory_mib,"
+            " accelerators, expected_duration_s, state, submitted_at, log_path)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')",
+            (
+                request.name,
+                json.dumps(list(request.command)),
+                request.cwd,
+                request.kind.value,
+                request.tenant,
+                request.priority,
+                int(request.preemptible),
+                request.cpus,
+                request.memory_mib,
+                request.accelerators,
+                request.expected_duration_s,
+                JobState.QUEUED.value,
+                now,
+            ),
+        )
+        job_id = cursor.lastrowid
+        assert job_id is not None
+        self._db.execute(
+            "UPDATE jobs SET log_path = ? WHERE id = ?", (str(self.log_dir / f"job-{job_id}.log"), job_id)
+        )
+        return job_id
+
+    def get(self, job_id: int) -> JobRecord | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def all(self, states: tuple[JobState, ...] = ()) -> list[JobRecord]:
+        if not states:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+        else:
+            marks = ", ".join("?" for _ in states)
+            rows = self._db.execute(
+                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id", [s.value for s in states]
+            ).fetchall()
+        return [_record(row) for row in rows]
+
+    def mark_running(self, job_id: int, pid: int, now: float) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = ?, pid = ?, started_at = ?, attempts = attempts + 1, reason = ''"
+            " WHERE id = ?",
+            (JobState.RUNNING.value, pid, now, job_id),
+        )
+
+    def mark_queued(self, job_id: int, reason: str) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = ?, pid = NULL, reason = ? WHERE id = ?",
+            (JobState.QUEUED.value, reason, job_id),
+        )
+
+    def mark_finished(
+        self, job_id: int, state: JobState, now: float, exit_code: int | None = None, reason: str = ""
+    ) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = ?, finished_at = ?, exit_code = ?, reason = ? WHERE id = ?",
+            (state.value, now, exit_code, reason, job_id),
+        )
