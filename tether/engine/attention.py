@@ -1,17 +1,25 @@
 """Attention over the paged KV cache: write the new tokens' K/V into their slots, then attend.
 
 Decoding sequences (one new token each) are attended together: their K/V are gathered from their blocks
-into one padded batch and masked by length, so a step with many sequences makes one attention call.
-A prefill chunk is handled on its own, with a causal mask offset by its cached length. Plain torch on
-CPU or CUDA; a fused paged kernel can replace `paged_attention` later.
+into one padded batch and masked by length, so a step with many sequences makes one attention call per
+layer. What that call needs (padded block tables, lengths, mask) depends only on the step, not the layer,
+so `AttentionMetadata.build` prepares it once. A multi-token chunk (a prefill, or a speculative
+verification) is handled on its own, with a causal mask offset by its cached length. Grouped-query
+attention never copies K/V per query head: the query heads of a group are folded into the query axis.
+On CPU with float32 caches, decode attention runs in a small C kernel (`_paged.c`) that reads K/V
+straight from the blocks instead of gathering a padded copy per layer; elsewhere it is plain torch
+(SDPA, on CPU or CUDA).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from tether.engine import _paged
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +29,7 @@ class SequenceSpan:
     query_start: int  # index of its first new token in the flat batch
     query_len: int  # new tokens this step
     start: int  # position of the first new token == tokens already in the cache
-    block_table: torch.Tensor  # LongTensor of block ids, on the cache's device
+    block_table: Sequence[int]  # block ids, covering at least context_len tokens
 
     @property
     def context_len(self) -> int:
@@ -29,9 +37,68 @@ class SequenceSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Every single-token span of a step, padded to the longest context once for all layers."""
+
+    rows: torch.Tensor  # LongTensor[B]: each sequence's token in the flat batch
+    tables: torch.Tensor  # LongTensor[B, W]: block tables, padded with block 0
+    lengths: torch.Tensor  # LongTensor[B]: context length of each sequence
+    mask: torch.Tensor  # BoolTensor[B, 1, 1, L]: which of the L gathered positions are real
+    longest: int  # L, the longest context in the group
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpan:
+    """A multi-token span with its block table and causal mask on the device."""
+
+    span: SequenceSpan
+    table: torch.Tensor  # LongTensor of the blocks covering its context
+    mask: torch.Tensor  # BoolTensor[query_len, context_len]
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
-    spans: tuple[SequenceSpan, ...]
     slot_mapping: torch.Tensor  # LongTensor[T]: flat cache slot of each new token
+    decode: DecodeGroup | None
+    chunks: tuple[ChunkSpan, ...]
+
+    @classmethod
+    def build(
+        cls, spans: Sequence[SequenceSpan], slot_mapping: torch.Tensor, block_size: int
+    ) -> AttentionMetadata:
+        device = slot_mapping.device
+        decoding = [span for span in spans if span.query_len == 1]
+        decode = _decode_group(decoding, block_size, device) if decoding else None
+        chunks = tuple(_chunk_span(span, block_size, device) for span in spans if span.query_len > 1)
+        return cls(slot_mapping=slot_mapping, decode=decode, chunks=chunks)
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def _decode_group(spans: list[SequenceSpan], block_size: int, device: torch.device) -> DecodeGroup:
+    lengths = [span.context_len for span in spans]
+    longest = max(lengths)
+    width = _blocks_for(longest, block_size)
+    padded = [list(span.block_table[: _blocks_for(span.context_len, block_size)]) for span in spans]
+    tables = torch.tensor([row + [0] * (width - len(row)) for row in padded], dtype=torch.long)
+    context = torch.tensor(lengths, dtype=torch.long)
+    mask = torch.arange(longest)[None, :] < context[:, None]
+    return DecodeGroup(
+        rows=torch.tensor([span.query_start for span in spans], dtype=torch.long).to(device),
+        tables=tables.to(device),
+        lengths=context.to(device),
+        mask=mask[:, None, None, :].to(device),
+        longest=longest,
+    )
+
+
+def _chunk_span(span: SequenceSpan, block_size: int, device: torch.device) -> ChunkSpan:
+    table = torch.tensor(span.block_table[: _blocks_for(span.context_len, block_size)], dtype=torch.long)
+    query_pos = torch.arange(span.start, span.context_len)
+    mask = torch.arange(span.context_len)[None, :] <= query_pos[:, None]
+    return ChunkSpan(span=span, table=table.to(device), mask=mask.to(device))
 
 
 def write_kv(
@@ -40,13 +107,6 @@ def write_kv(
     """Store k, v ([T, kv_heads, head_dim]) at their flat slots of a [blocks, block_size, ...] cache."""
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, k.to(key_cache.dtype))
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, v.to(value_cache.dtype))
-
-
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of a sequence, as [length, kv_heads, head_dim]."""
-    block_size = cache.shape[1]
-    blocks = -(-length // block_size)
-    return cache[block_table[:blocks]].flatten(0, 1)[:length]
 
 
 def paged_attention(
@@ -61,66 +121,88 @@ def paged_attention(
     """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
     write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
     out = torch.empty_like(q)
-    groups = q.shape[1] // k.shape[1]
-    decoding = [span for span in metadata.spans if span.query_len == 1]
-    if len(decoding) > 1:
-        _decode_together(q, key_cache, value_cache, decoding, groups, scale, out)
-    else:
-        decoding = []
-    for span in metadata.spans:
-        if decoding and span.query_len == 1:
-            continue
+    kv_heads = k.shape[1]
+    if metadata.decode is not None:
+        decode = decode_native if native_decode_applies(q, key_cache, value_cache) else decode_torch
+        decode(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out)
+    for chunk in metadata.chunks:
+        span = chunk.span
         end = span.query_start + span.query_len
-        keys = _expand(gather_kv(key_cache, span.block_table, span.context_len).to(q.dtype), groups, 1)
-        values = _expand(gather_kv(value_cache, span.block_table, span.context_len).to(q.dtype), groups, 1)
-        mask = None
-        if span.query_len > 1:
-            query_pos = torch.arange(span.start, span.context_len, device=q.device)
-            key_pos = torch.arange(span.context_len, device=q.device)
-            mask = key_pos[None, :] <= query_pos[:, None]
+        keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
+        values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
         attended = F.scaled_dot_product_attention(
-            q[span.query_start : end].transpose(0, 1),
-            keys.transpose(0, 1),
+            q[span.query_start : end].transpose(0, 1),  # [heads, Q, head_dim]
+            keys.transpose(0, 1),  # [kv_heads, K, head_dim]
             values.transpose(0, 1),
-            attn_mask=mask,
+            attn_mask=chunk.mask,
             scale=scale,
+            enable_gqa=kv_heads != q.shape[1],
         )
         out[span.query_start : end] = attended.transpose(0, 1)
     return out
 
 
-def _expand(kv: torch.Tensor, groups: int, head_dim: int) -> torch.Tensor:
-    """Repeat each KV head for its query group (grouped-query attention)."""
-    return kv.repeat_interleave(groups, dim=head_dim) if groups > 1 else kv
-
-
-def _decode_together(
+def decode_torch(
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    spans: list[SequenceSpan],
-    groups: int,
+    group: DecodeGroup,
+    kv_heads: int,
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One attention call for every sequence that decodes a single token this step."""
-    block_size = key_cache.shape[1]
-    lengths = torch.tensor([span.context_len for span in spans], device=q.device)
-    longest = int(lengths.max())
-    width = -(-longest // block_size)
-    tables = torch.zeros((len(spans), width), dtype=torch.long, device=q.device)
-    for row, span in enumerate(spans):
-        used = span.block_table[: -(-span.context_len // block_size)]
-        tables[row, : used.numel()] = used
-    keys = _expand(key_cache[tables].flatten(1, 2)[:, :longest].to(q.dtype), groups, 2)
-    values = _expand(value_cache[tables].flatten(1, 2)[:, :longest].to(q.dtype), groups, 2)
-    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]
-    rows = torch.tensor([span.query_start for span in spans], device=q.device)
+    """One attention call for every sequence that decodes a single token this step.
+
+    The query heads sharing a KV head become that head's query rows ([B, kv_heads, groups, head_dim]),
+    which is exact grouped-query attention without repeating K/V."""
+    batch, heads, head_dim = len(group.rows), q.shape[1], q.shape[2]
+    keys = key_cache[group.tables].flatten(1, 2)[:, : group.longest].to(q.dtype)  # [B, L, kv_heads, d]
+    values = value_cache[group.tables].flatten(1, 2)[:, : group.longest].to(q.dtype)
+    queries = q[group.rows].view(batch, kv_heads, heads // kv_heads, head_dim)
     attended = F.scaled_dot_product_attention(
-        q[rows][:, :, None],  # [B, heads, 1, head_dim]
-        keys.transpose(1, 2),  # [B, heads, L, head_dim]
-        values.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],
-        scale=scale,
+        queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=group.mask, scale=scale
     )
-    out[rows] = attended[:, :, 0]
+    out[group.rows] = attended.reshape(batch, heads, head_dim)
+
+
+def decode_native(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: DecodeGroup,
+    kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """`decode_torch` computed by the C kernel, reading K/V in place (see `native_decode_applies`)."""
+    queries = q[group.rows].contiguous()
+    attended = torch.empty_like(queries)
+    _paged.decode_attention(
+        queries.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        group.tables.data_ptr(),
+        group.lengths.data_ptr(),
+        attended.data_ptr(),
+        len(group.rows),
+        q.shape[1],
+        kv_heads,
+        q.shape[2],
+        key_cache.shape[1],
+        group.tables.shape[1],
+        key_cache.shape[0],
+        group.longest,
+        scale,
+        torch.get_num_threads(),
+    )
+    out[group.rows] = attended
+
+
+def native_decode_applies(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the C kernel can serve: CPU, float32 throughout, caches in their allocated layout."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == key_cache.dtype == value_cache.dtype == torch.float32
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+    )

@@ -20,7 +20,7 @@ import torch
 from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.sampling import SamplingParams, sample
+from tether.engine.sampling import SamplingParams, sample_rows
 from tether.engine.scheduler import RequestError, Scheduler
 from tether.engine.sequence import FinishReason, Sequence
 from tether.engine.speculative import (
@@ -224,24 +224,29 @@ class LLMEngine:
         finished: dict[int, FinishReason] = {}
         touched: dict[str, _Request] = {}
         offset = 0
+        draws: list[tuple[int, SamplingParams, torch.Generator | None]] = []
+        targets: list[tuple[_Request, int]] = []
         for chunk in (c for c in plan.chunks if c.samples):
-            rows = logits[offset : offset + len(chunk.draft_token_ids) + 1]
-            offset += len(rows)
+            row = offset
+            offset += len(chunk.draft_token_ids) + 1
             seq = self.scheduler.get(chunk.seq_id)
             assert seq is not None
             request = self._requests[seq.request_id]
             touched[seq.request_id] = request
             if chunk.draft_token_ids:
+                rows = logits[row:offset]
                 self._verify(request, seq, drafts[seq.seq_id], chunk.draft_token_ids, rows, sampled, finished)
                 continue
             for target in self._fork_samples(request, seq):
                 index = request.seq_index[target]
-                token, logprob = sample(rows[0], request.params, request.generators[index])
-                sampled[target] = token
-                reason = self._record(request, index, token, logprob)
-                if reason is not None:
-                    finished[target] = reason
+                draws.append((row, request.params, request.generators[index]))
+                targets.append((request, target))
         assert offset == len(logits), "every logits row belongs to a sampling chunk"
+        for (request, target), (token, logprob) in zip(targets, sample_rows(logits, draws), strict=True):
+            sampled[target] = token
+            reason = self._record(request, request.seq_index[target], token, logprob)
+            if reason is not None:
+                finished[target] = reason
         for seq in self.scheduler.update_from_output(plan, sampled, finished):
             self._release_draft(seq)
             request = self._requests[seq.request_id]

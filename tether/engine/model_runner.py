@@ -54,8 +54,7 @@ def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.d
         assert chunk.token_ids, "a chunk needs at least one token"
         end = chunk.start + len(chunk.token_ids)
         assert len(chunk.block_table) * block_size >= end, "block table too short for the chunk"
-        table = torch.tensor(chunk.block_table, dtype=torch.long, device=device)
-        spans.append(SequenceSpan(len(ids), len(chunk.token_ids), chunk.start, table))
+        spans.append(SequenceSpan(len(ids), len(chunk.token_ids), chunk.start, chunk.block_table))
         for pos in range(chunk.start, end):
             positions.append(pos)
             slots.append(chunk.block_table[pos // block_size] * block_size + pos % block_size)
@@ -68,7 +67,7 @@ def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.d
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    metadata = AttentionMetadata(spans=tuple(spans), slot_mapping=tensor(slots))
+    metadata = AttentionMetadata.build(spans, tensor(slots), block_size)
     return Batch(tensor(ids), tensor(positions), metadata, tensor(logits_indices))
 
 

@@ -68,6 +68,27 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(allowed, dim=-1)
 
 
+def sample_rows(
+    logits: torch.Tensor, draws: list[tuple[int, SamplingParams, torch.Generator | None]]
+) -> list[tuple[int, float]]:
+    """One token per draw (row of [rows, vocab] float32 logits, its params, its generator), in order.
+
+    Greedy draws, the bulk of rollouts and benchmarks, share one argmax and one log-normaliser over
+    their rows instead of a kernel launch per row; the others go through `sample` one by one."""
+    results: list[tuple[int, float] | None] = [None] * len(draws)
+    greedy = [i for i, (_, params, _) in enumerate(draws) if params.greedy]
+    if greedy:
+        rows = logits[torch.tensor([draws[i][0] for i in greedy], device=logits.device)]
+        tokens = rows.argmax(dim=-1)
+        logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
+        for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
+            results[i] = (int(token), float(logprob))
+    for i, (row, params, generator) in enumerate(draws):
+        if results[i] is None:
+            results[i] = sample(logits[row], params, generator)
+    return [result for result in results if result is not None]
+
+
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[int, float]:

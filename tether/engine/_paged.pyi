@@ -1,0 +1,18 @@
+def decode_attention(
+    q: int,
+    k: int,
+    v: int,
+    tables: int,
+    lengths: int,
+    out: int,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    width: int,
+    num_blocks: int,
+    longest: int,
+    scale: float,
+    threads: int,
+) -> None: ...
