@@ -54,6 +54,7 @@ def tiny_config(folder: Path) -> BenchConfig:
         prefix_tokens=64,
         repeats=2,
         kv_cache_mib=8,
+        spec_max_output=8,
     )
 
 
@@ -80,7 +81,8 @@ def test_cli_prints_one_json_object_and_writes_it_to_out(tiny_folder: Path, tmp_
     root = typer.Typer()
     root.add_typer(engine_cli.app, name="engine")
     args = ["engine", "bench", "--model", str(tiny_folder), "--requests", "4", "--max-output", "4"]
-    args += ["--min-output", "2", "--prefix-tokens", "32", "--repeats", "1", "--json", "--out", str(out)]
+    args += ["--min-output", "2", "--prefix-tokens", "32", "--repeats", "1", "--spec-max-output", "4"]
+    args += ["--json", "--out", str(out)]
     outcome = CliRunner().invoke(root, args)
     assert outcome.exit_code == 0, outcome.output
     printed = json.loads(outcome.stdout.strip().splitlines()[-1])
@@ -96,6 +98,7 @@ def test_cli_prints_one_json_object_and_writes_it_to_out(tiny_folder: Path, tmp_
         ("max_output", 1, "max_output = 1: expected at least min_output"),
         ("prefix_tokens", True, "prefix_tokens = True"),
         ("kv_cache_mib", 0, "kv_cache_mib = 0"),
+        ("spec_tokens", 0, "spec_tokens = 0"),
     ],
 )
 def test_bad_bench_config_is_refused_naming_the_field(field: str, value: object, message: str) -> None:
@@ -117,3 +120,4 @@ def test_full_smollm2_bench_meets_the_issue_thresholds() -> None:
     check_result(result)
     assert result["throughput_speedup"] >= 4, result
     assert result["prefix_speedup"] >= 5, result
+    assert result["spec_speedup"] >= 1.5, result

@@ -239,6 +239,36 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache() -> None:
     assert seq is not None and seq.num_cached_tokens == 16
 
 
+def test_requests_arriving_together_compute_a_shared_prefix_once() -> None:
+    scheduler = make(max_num_batched_tokens=64)
+    system = list(range(100, 112))  # three full blocks of 4 shared by every prompt
+    for seq_id in (1, 2, 3):
+        scheduler.add(Sequence(seq_id, f"r{seq_id}", [*system, seq_id, seq_id + 50]))
+    scheduler.add(Sequence(4, "other", range(14)))  # nothing in common: not held back
+    first = scheduler.schedule()
+    assert chunks_of(first) == {1: (0, 14, True), 4: (0, 14, True)}
+    scheduler.update_from_output(first, {1: 7, 4: 7}, {})
+    second = scheduler.schedule()
+    assert {seq_id: chunks_of(second)[seq_id] for seq_id in (2, 3)} == {2: (12, 2, True), 3: (12, 2, True)}
+    assert [scheduler.get(seq_id).num_cached_tokens for seq_id in (2, 3)] == [12, 12]  # type: ignore[union-attr]
+
+
+def test_a_held_back_request_is_admitted_once_the_prefill_it_waited_for_is_preempted() -> None:
+    scheduler = make(max_num_batched_tokens=12, max_num_seqs=4, num_blocks=6, max_model_len=24)
+    scheduler.add(Sequence(1, "low", range(20)))
+    step(scheduler)  # 12 of 20 prompt tokens: blocks 0-2 are cached now
+    scheduler.add(Sequence(2, "same", range(20), priority=1))
+    output = scheduler.schedule()  # 1 computes blocks 3-4; 2 would compute block 3 itself: it waits
+    assert chunks_of(output) == {1: (12, 8, True)}
+    scheduler.add(Sequence(3, "urgent", range(200, 220), priority=2))
+    scheduler.update_from_output(output, {1: 7}, {})
+    outcome = scheduler.schedule()  # 3 preempts 1: nothing computes 2's blocks any more
+    assert 3 in chunks_of(outcome) and outcome.preempted == [1]
+    scheduler.update_from_output(outcome, {}, {3: FinishReason.STOP})
+    start, num_tokens, samples = chunks_of(scheduler.schedule())[2]  # admitted ahead of the lower-priority 1
+    assert start + num_tokens == 20 and samples  # what 3 left of the cache is reused, the rest computed
+
+
 def test_a_long_cached_prompt_takes_only_budget_for_its_uncached_tokens() -> None:
     scheduler = make(max_num_batched_tokens=8)
     scheduler.add(Sequence(1, "a", range(30)))

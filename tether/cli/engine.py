@@ -42,6 +42,12 @@ def bench_command(
         int, typer.Option("--prefix-tokens", help="Shared prefix of the time-to-first-token test.")
     ] = 1024,
     repeats: Annotated[int, typer.Option("--repeats", help="Repeats; every figure is a median.")] = 3,
+    spec_tokens: Annotated[
+        int, typer.Option("--spec-tokens", help="Draft tokens per step of the speculation measurement.")
+    ] = 8,
+    spec_max_output: Annotated[
+        int, typer.Option("--spec-max-output", help="Output cap of each copy task (speculation).")
+    ] = 256,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the output lengths.")] = 0,
     cache_dir: Annotated[
         Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
@@ -65,6 +71,8 @@ def bench_command(
             max_output=max_output,
             prefix_tokens=prefix_tokens,
             repeats=repeats,
+            spec_tokens=spec_tokens,
+            spec_max_output=spec_max_output,
             seed=seed,
         )
         progress = Progress(

@@ -1,8 +1,10 @@
-"""The engine benchmark: our continuous batching, prefix cache and int8 weights against their baselines.
+"""The engine benchmark: continuous batching, prefix cache, speculation and int8 weights against baselines.
 
 Every figure is a median over `repeats`, and each baseline (transformers' static batches, a cold prefix
-cache, float weights) runs in the same invocation, interleaved with what it is compared to: absolute
-times on a shared machine mean little. The benchmark loads models and measures; it prints nothing.
+cache, plain decoding, float weights) runs in the same invocation, interleaved with what it is compared
+to: absolute times on a shared machine mean little. Speculation is measured where prompt lookup is meant
+to pay, on tasks whose output mostly copies the prompt (rewrite a snippet with one rename), each decoded
+alone. The benchmark loads models and measures; it prints nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk, make_batch
 from tether.engine.sampling import SamplingParams
-from tether.engine.speculative import SpeculativeConfig, SpeculativeMode
+from tether.engine.speculative import SpeculativeConfig, SpeculativeMode, SpeculativeStats
 from tether.errors import ConfigError
 from tether.models.loader import resolve
 from tether.models.quantize import REFERENCE_TEXT, quantize_int8
@@ -61,6 +63,75 @@ TOPICS = (
     "railway",
 )
 
+# The speculative-decoding task: output that mostly copies the prompt, where prompt lookup pays.
+COPY_TASK = (
+    "Rewrite the following Python code with the function renamed from `{old}` to `{new}`. "
+    "Change nothing else and reply with the code only.\n\n```python\n{code}```"
+)
+COPY_SNIPPETS = (
+    (
+        "moving_average",
+        "rolling_mean",
+        "def moving_average(values, window):\n"
+        "    if window <= 0:\n"
+        "        raise ValueError('window must be positive')\n"
+        "    averages = []\n"
+        "    total = 0.0\n"
+        "    for index, value in enumerate(values):\n"
+        "        total += value\n"
+        "        if index >= window:\n"
+        "            total -= values[index - window]\n"
+        "        if index >= window - 1:\n"
+        "            averages.append(total / window)\n"
+        "    return averages\n",
+    ),
+    (
+        "count_words",
+        "word_frequencies",
+        "def count_words(text):\n"
+        "    counts = {}\n"
+        "    for line in text.splitlines():\n"
+        "        for word in line.lower().split():\n"
+        "            word = word.strip('.,;:!?')\n"
+        "            if not word:\n"
+        "                continue\n"
+        "            counts[word] = counts.get(word, 0) + 1\n"
+        "    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))\n",
+    ),
+    (
+        "binary_search",
+        "find_index",
+        "def binary_search(items, target):\n"
+        "    low, high = 0, len(items) - 1\n"
+        "    while low <= high:\n"
+        "        middle = (low + high) // 2\n"
+        "        if items[middle] == target:\n"
+        "            return middle\n"
+        "        if items[middle] < target:\n"
+        "            low = middle + 1\n"
+        "        else:\n"
+        "            high = middle - 1\n"
+        "    return -1\n",
+    ),
+    (
+        "parse_config",
+        "read_settings",
+        "def parse_config(lines):\n"
+        "    settings = {}\n"
+        "    section = 'default'\n"
+        "    for raw in lines:\n"
+        "        line = raw.split('#', 1)[0].strip()\n"
+        "        if not line:\n"
+        "            continue\n"
+        "        if line.startswith('[') and line.endswith(']'):\n"
+        "            section = line[1:-1].strip()\n"
+        "            continue\n"
+        "        key, _, value = line.partition('=')\n"
+        "        settings.setdefault(section, {})[key.strip()] = value.strip()\n"
+        "    return settings\n",
+    ),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -82,10 +153,23 @@ class BenchConfig:
     """Repeats of every measurement; figures are medians."""
     kv_cache_mib: int = 768
     """KV cache of each engine, in MiB."""
+    spec_tokens: int = 8
+    """Draft tokens per step (k) of the n-gram speculation measurement."""
+    spec_max_output: int = 256
+    """Output cap of each copy task (they usually end at EOS sooner)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("requests", "min_output", "max_output", "hf_batch_size", "prefix_tokens", "repeats"):
+        for name in (
+            "requests",
+            "min_output",
+            "max_output",
+            "hf_batch_size",
+            "prefix_tokens",
+            "repeats",
+            "spec_tokens",
+            "spec_max_output",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
@@ -115,6 +199,7 @@ class _Samples:
     hf_s: list[float] = field(default_factory=list)
     int8_s: list[float] = field(default_factory=list)
     spec_s: list[float] = field(default_factory=list)
+    plain_copy_s: list[float] = field(default_factory=list)
     cached_ttft_s: list[float] = field(default_factory=list)
     cold_ttft_s: list[float] = field(default_factory=list)
 
@@ -131,6 +216,32 @@ def make_workload(tokenizer: PreTrainedTokenizerBase, config: BenchConfig) -> Wo
         prompts.append([int(t) for t in cast(list[int], ids)])
     lengths = [rng.randint(config.min_output, config.max_output) for _ in prompts]
     return Workload(prompts, lengths)
+
+
+def copy_prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """Chat prompts asking to reproduce a code snippet with one rename: outputs mostly copy the input."""
+    prompts = []
+    for old, new, code in COPY_SNIPPETS:
+        messages = [{"role": "user", "content": COPY_TASK.format(old=old, new=new, code=code)}]
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        prompts.append([int(t) for t in cast(list[int], ids)])
+    return prompts
+
+
+def run_one_by_one(
+    engine: LLMEngine, prompts: list[list[int]], max_tokens: int
+) -> tuple[float, list[list[int]]]:
+    """Seconds to decode each prompt alone (greedy, to EOS or max_tokens), and the outputs."""
+    engine.block_manager.invalidate_prefix_cache()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    outputs = []
+    started = time.perf_counter()
+    for prompt in prompts:
+        [output] = engine.generate([prompt], params)
+        outputs.append(output.completions[0].token_ids)
+    return time.perf_counter() - started, outputs
 
 
 def prefix_prompts(tokenizer: PreTrainedTokenizerBase, prefix_tokens: int) -> tuple[list[int], list[int]]:
@@ -232,20 +343,23 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         folder,
         kv_cache_mib=config.kv_cache_mib,
         seed=config.seed,
-        speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM),
+        speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM, num_speculative_tokens=config.spec_tokens),
     )
     hf = load_reference(folder)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     workload = make_workload(tokenizer, config)
     warmup = Workload(workload.prompts[:2], [4, 4])
-    for warm in (engine, int8_engine, spec_engine):
+    for warm in (engine, int8_engine):
         run_engine(warm, warmup)
+    copies = copy_prompts(tokenizer)
+    run_one_by_one(spec_engine, copies[:1], 8)
     run_hf(hf, pad_id, warmup, config.hf_batch_size)
 
     samples = _Samples()
     engine_outputs: list[list[int]] = []
     hf_outputs: list[list[int]] = []
     spec_outputs: list[list[int]] = []
+    plain_outputs: list[list[int]] = []
     for repeat in range(config.repeats):
         say(f"repeat {repeat + 1}/{config.repeats}: engine, {workload.output_tokens} tokens")
         seconds, engine_outputs = run_engine(engine, workload)
@@ -255,8 +369,12 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         samples.hf_s.append(seconds)
         say(f"repeat {repeat + 1}/{config.repeats}: engine with int8 weights")
         samples.int8_s.append(run_engine(int8_engine, workload)[0])
-        say(f"repeat {repeat + 1}/{config.repeats}: engine with n-gram speculative decoding")
-        seconds, spec_outputs = run_engine(spec_engine, workload)
+        say(f"repeat {repeat + 1}/{config.repeats}: copy tasks, plain decoding")
+        seconds, plain_outputs = run_one_by_one(engine, copies, config.spec_max_output)
+        samples.plain_copy_s.append(seconds)
+        say(f"repeat {repeat + 1}/{config.repeats}: copy tasks, n-gram speculative decoding")
+        spec_engine.spec_stats = SpeculativeStats()
+        seconds, spec_outputs = run_one_by_one(spec_engine, copies, config.spec_max_output)
         samples.spec_s.append(seconds)
 
     first, second = prefix_prompts(tokenizer, config.prefix_tokens)
@@ -283,8 +401,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     prefix_ttft = statistics.median(samples.cached_ttft_s)
     cold_ttft = statistics.median(samples.cold_ttft_s)
     matches = sum(ours == theirs for ours, theirs in zip(engine_outputs, hf_outputs, strict=True))
-    spec_throughput = tokens / statistics.median(samples.spec_s)
-    spec_matches = sum(ours == theirs for ours, theirs in zip(engine_outputs, spec_outputs, strict=True))
+    copy_tokens = sum(map(len, plain_outputs))
+    spec_matches = sum(ours == theirs for ours, theirs in zip(plain_outputs, spec_outputs, strict=True))
     return {
         "model": str(config.model),
         "requests": config.requests,
@@ -308,9 +426,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "int8_ppl": int8_ppl,
         "int8_ppl_delta": int8_ppl - float_ppl,
         "greedy_match": matches / len(workload.prompts),
-        "spec_throughput_tok_s": spec_throughput,
-        "spec_speedup": ratio(spec_throughput, throughput),
+        "spec_tasks": len(copies),
+        "spec_tokens": config.spec_tokens,
+        "spec_output_tokens": copy_tokens,
+        "spec_plain_tok_s": copy_tokens / statistics.median(samples.plain_copy_s),
+        "spec_throughput_tok_s": copy_tokens / statistics.median(samples.spec_s),
+        "spec_speedup": ratio(statistics.median(samples.plain_copy_s), statistics.median(samples.spec_s)),
         "acceptance_rate": spec_engine.spec_stats.acceptance_rate,
-        "spec_greedy_match": spec_matches / len(workload.prompts),
+        "spec_greedy_match": spec_matches / len(copies),
         "duration_s": time.perf_counter() - started,
     }

@@ -140,6 +140,13 @@ class BlockManager:
             found.append(block_id)
         return found
 
+    def prompt_block_hashes(self, seq: Sequence, first: int) -> list[BlockHash]:
+        """Hashes of `seq`'s full prompt blocks from index `first` on: the blocks a prefill will offer to
+        the prefix cache (the block holding the last prompt token never is: its logits are needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        return self._block_hashes(seq, (seq.num_prompt_tokens - 1) // self.block_size)[first:]
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix: Seq[int] = ()) -> bool:
         """Whether `allocate(seq, num_new_tokens, prefix)` would find enough blocks."""
         return self._blocks_needed(seq, num_new_tokens, prefix) <= self.num_free_blocks

@@ -11,7 +11,10 @@ budget; when blocks run out, the least important running sequence is preempted (
 computed again) until the current one fits, possibly itself. If nothing was preempted, waiting sequences
 are then admitted in order of importance while seats, budget and blocks allow; a waiting sequence may
 preempt running ones of strictly lower priority for a seat or blocks. Admission stops at the first
-waiting sequence that cannot be placed, so lower-priority ones never jump ahead of it.
+waiting sequence that cannot be placed, so lower-priority ones never jump ahead of it. One exception:
+a waiting sequence whose next uncached prompt block is being computed by a running prefill is deferred
+(skipped, not blocking) until that block reaches the prefix cache, so requests arriving together with a
+shared system prompt compute it once instead of once each.
 
 Speculation. A decoding sequence may be given draft tokens (`schedule(drafts)`): they ride in its chunk
 after its last token when budget, `max_model_len` and free blocks allow (drafts never cause preemption),
@@ -24,7 +27,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from tether.engine.block_manager import BlockCopy, BlockManager, slot_mapping
+from tether.engine.block_manager import BlockCopy, BlockHash, BlockManager, slot_mapping
 from tether.engine.config import EngineConfig
 from tether.engine.sequence import FinishReason, Sequence, SequenceStatus
 from tether.errors import TetherError
@@ -197,10 +200,34 @@ class Scheduler:
                 draft = self._fit_draft(seq, (drafts or {}).get(seq.seq_id, ()), spare)
                 self._place(seq, num_tokens, [], plan, draft)
         if not plan.preempted:
+            in_flight = self._blocks_in_flight(plan)
             for seq in sorted(self._waiting, key=_importance):
-                if plan.budget == 0 or not self._admit(seq, plan):
+                if plan.budget == 0:
                     break
+                if self._shares_block_in_flight(seq, in_flight):
+                    continue
+                if not self._admit(seq, plan):
+                    break
+                in_flight.update(self.block_manager.prompt_block_hashes(seq, 0))
         return self._output(plan)
+
+    def _blocks_in_flight(self, plan: _Plan) -> set[BlockHash]:
+        """Hashes of prompt blocks that running prefills compute in this step or later, not yet cached."""
+        size = self.config.block_size
+        in_flight: set[BlockHash] = set()
+        for seq in self._running:
+            start = plan.chunks[seq.seq_id][0] if seq.seq_id in plan.chunks else seq.num_computed_tokens
+            if start < seq.num_prompt_tokens:
+                in_flight.update(self.block_manager.prompt_block_hashes(seq, start // size))
+        return in_flight
+
+    def _shares_block_in_flight(self, seq: Sequence, in_flight: set[BlockHash]) -> bool:
+        """Whether the first prompt block `seq` would compute itself is already being computed."""
+        if not in_flight:
+            return False
+        cached = len(self.block_manager.find_cached_prefix(seq))
+        upcoming = self.block_manager.prompt_block_hashes(seq, cached)
+        return bool(upcoming) and upcoming[0] in in_flight
 
     def update_from_output(
         self,

@@ -31,7 +31,7 @@ def _config(architecture: str, vocab_size: int, eos_token_id: int) -> Any:
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
+        "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-6,
         "bos_token_id": None,
         "eos_token_id": eos_token_id,
