@@ -11,8 +11,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli import engine, models, sandbox
+from tether.cli import engine, envs, models, sandbox
 from tether.cli.common import CliState, pool_config, state, user_errors
+from tether.cli.eval import eval_command
 from tether.cli.jobs import app as jobs_app
 from tether.cli.serve import serve_command
 from tether.cli.sim import sim_command
@@ -22,7 +23,9 @@ app = typer.Typer(help="tether: train and run long-horizon LLM agents.", no_args
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(models.app, name="models")
 app.add_typer(engine.app, name="engine")
+app.add_typer(envs.app, name="envs")
 app.command("serve")(serve_command)
+app.command("eval")(eval_command)
 app.command("sim")(sim_command)
 app.add_typer(jobs_app, name="jobs")
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)

@@ -1,0 +1,208 @@
+"""`tether eval`: run environment episodes through a model and report per-domain scores.
+
+The model runs in-process on tether's engine (`--model NAME`), or behind any OpenAI-compatible server
+(`--base-url URL`, with `--model` naming the served model). Every episode is written to a JSONL file
+with each reward component and the full transcript; a summary JSON sits beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tether.cli.common import err_console, fail, pool_config, print_json, state, user_errors
+from tether.envs.base import SandboxProvider, ScoringContext
+from tether.envs.eval import (
+    Backend,
+    DomainSummary,
+    EngineBackend,
+    EpisodeRecord,
+    OpenAIBackend,
+    plan_episodes,
+    run_eval,
+    summarise,
+)
+from tether.envs.registry import default_registry, parse_env_spec
+
+console = Console()
+
+
+def _engine_backend(
+    model: str,
+    cache_dir: Path,
+    device: str,
+    kv_cache_mib: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+) -> Backend:
+    import torch
+
+    from tether.engine.llm_engine import LLMEngine
+    from tether.engine.sampling import SamplingParams
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine, tokenizer = LLMEngine.from_pretrained(
+        model, cache_dir=cache_dir, kv_cache_mib=kv_cache_mib, device=device, seed=seed
+    )
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=seed if temperature > 0 else None
+    )
+    return EngineBackend(engine, tokenizer, params)
+
+
+def summary_table(rows: list[DomainSummary], title: str) -> Table:
+    table = Table(title=title)
+    for column in (
+        "environment",
+        "episodes",
+        "mean reward",
+        "pass rate",
+        "mean tokens",
+        "sandbox s",
+        "errors",
+    ):
+        table.add_column(column, justify="left" if column == "environment" else "right")
+    for row in rows:
+        table.add_row(
+            row.env,
+            str(row.episodes),
+            f"{row.mean_reward:.3f}",
+            f"{row.pass_rate:.1%}",
+            f"{row.mean_completion_tokens:.1f}",
+            f"{row.sandbox_time_s:.2f}",
+            str(row.errors),
+        )
+    return table
+
+
+def eval_command(
+    ctx: typer.Context,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="Registered model name or HF folder; with --base-url, the served model."
+        ),
+    ],
+    envs: Annotated[
+        str,
+        typer.Option(
+            "--envs",
+            help="NAME[,NAME...] (globs allowed; -n episodes each) or @mixture.toml (-n in all, by weight).",
+        ),
+    ],
+    count: Annotated[
+        int, typer.Option("-n", min=1, help="Episodes per environment (or in all, for a mixture).")
+    ] = 20,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of each environment's first task.")] = 0,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url.")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens per model turn.")] = 512,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 decodes greedily.")] = 0.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Episodes in flight at once.")
+    ] = 64,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda (in-process engine).")] = "auto",
+    kv_cache_mib: Annotated[
+        int, typer.Option("--kv-cache-mib", min=16, help="KV cache of the engine.")
+    ] = 1024,
+    out_dir: Annotated[
+        Path, typer.Option("--out-dir", help="Where the JSONL and summary are written.")
+    ] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+) -> None:
+    """Run episodes through a model: per-domain mean reward, pass rate, tokens and sandbox time."""
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        fail(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
+    with user_errors():
+        settings = state(ctx).settings()
+        registry = default_registry()
+        mixture = parse_env_spec(registry, envs)
+        plan = plan_episodes(mixture, count, seed, per_env=not envs.startswith("@"))
+        backend: Backend
+        if base_url is not None:
+            backend = OpenAIBackend(
+                base_url, model, max_tokens, temperature, api_key, concurrency=concurrency
+            )
+        else:
+            backend = _engine_backend(
+                model, settings.cache_dir, device, kv_cache_mib, max_tokens, temperature, seed
+            )
+        provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        episodes_path = out_dir / f"eval-{stamp}-{os.getpid()}.jsonl"
+        records = asyncio.run(_run(registry, plan, backend, provider, concurrency, episodes_path))
+    rows = summarise(records)
+    errors = [record for record in records if record.error is not None]
+    summary: dict[str, Any] = {
+        "model": model,
+        "base_url": base_url,
+        "envs": envs,
+        "episodes": len(records),
+        "mean_reward": sum(r.reward for r in records) / len(records),
+        "pass_rate": sum(bool(r.score and r.score.passed) for r in records) / len(records),
+        "errors": len(errors),
+        "episodes_file": str(episodes_path),
+        "domains": [row.to_dict() for row in rows],
+    }
+    summary_path = episodes_path.with_suffix(".json")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if as_json:
+        print_json(summary)
+    else:
+        console.print(summary_table(rows, f"eval: {model}"))
+        console.print(f"episodes: {episodes_path}\nsummary: {summary_path}", highlight=False)
+    for record in errors[:5]:
+        err_console.print(
+            f"[red]episode {record.env} seed {record.seed} failed:[/] {record.error}", highlight=False
+        )
+    if errors and len(errors) == len(records):
+        raise typer.Exit(1)
+
+
+async def _run(
+    registry: Any,
+    plan: list[tuple[str, int]],
+    backend: Backend,
+    provider: SandboxProvider,
+    concurrency: int,
+    path: Path,
+) -> list[EpisodeRecord]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    with path.open("w") as sink, progress:
+        bar = progress.add_task("episodes", total=len(plan))
+
+        def done(record: EpisodeRecord) -> None:
+            sink.write(json.dumps(record.to_dict(), default=str) + "\n")
+            sink.flush()
+            progress.advance(bar)
+
+        try:
+            async with provider:
+                return await run_eval(registry, plan, backend, ScoringContext(provider), concurrency, done)
+        finally:
+            if isinstance(backend, OpenAIBackend):
+                await backend.aclose()
