@@ -19,7 +19,6 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 64
-#define MAX_GROUP 64
 #define MAX_HEAD_DIM 512
 
 typedef struct {
@@ -40,66 +39,160 @@ typedef struct {
     int bad;             /* a block id or length out of range */
 } Slice;
 
-__attribute__((target_clones("arch=haswell", "default"))) static void attend(Slice *slice) {
+/* Every block the sequence's context touches exists; marks the slice bad otherwise. */
+static int valid(const Problem *p, int64_t b, Slice *slice) {
+    const int64_t len = p->lengths[b];
+    if (len < 1 || len > p->width * p->block_size) {
+        slice->bad = 1;
+        return 0;
+    }
+    const int64_t *table = p->tables + b * p->width;
+    for (int64_t i = 0; i < (len + p->block_size - 1) / p->block_size; i++)
+        if (table[i] < 0 || table[i] >= p->num_blocks) {
+            slice->bad = 1;
+            return 0;
+        }
+    return 1;
+}
+
+/* Portable path: any head_dim, any x86-64 or other CPU. */
+static void attend_scalar(Slice *slice) {
     const Problem *p = slice->p;
     const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
     const int64_t row_stride = p->kv_heads * d;
-    float acc[MAX_GROUP][MAX_HEAD_DIM];
+    float acc[MAX_HEAD_DIM];
     for (int64_t item = slice->first; item < slice->last; item++) {
-        const int64_t b = item / p->kv_heads, h = item % p->kv_heads;
-        const int64_t len = p->lengths[b];
-        if (len < 1 || len > p->width * p->block_size) {
-            slice->bad = 1;
-            return;
-        }
+        const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
         const int64_t *table = p->tables + b * p->width;
         const float *queries = p->q + (b * p->heads + h * group) * d;
         float *scores = slice->scores;
+        if (!valid(p, b, slice)) return;
         for (int64_t t = 0; t < len; t++) {
-            const int64_t block = table[t / p->block_size];
-            if (block < 0 || block >= p->num_blocks) {
-                slice->bad = 1;
-                return;
-            }
-            const float *key = p->k + (block * p->block_size + t % p->block_size) * row_stride + h * d;
+            const float *key = p->k + (table[t / p->block_size] * p->block_size + t % p->block_size) * row_stride + h * d;
             for (int64_t g = 0; g < group; g++) {
-                const float *query = queries + g * d;
-                float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                int64_t i = 0;
-                for (; i + 8 <= d; i += 8)
-                    for (int j = 0; j < 8; j++) lanes[j] += query[i + j] * key[i + j];
-                float dot = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-                            ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-                for (; i < d; i++) dot += query[i] * key[i];
+                float dot = 0;
+                for (int64_t i = 0; i < d; i++) dot += queries[g * d + i] * key[i];
                 scores[g * len + t] = dot * p->scale;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float *row = scores + g * len, top = row[0], total = 0;
+            for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
+            for (int64_t t = 0; t < len; t++) total += row[t] = expf(row[t] - top);
+            for (int64_t i = 0; i < d; i++) acc[i] = 0;
+            for (int64_t t = 0; t < len; t++) {
+                const float *value = p->v + (table[t / p->block_size] * p->block_size + t % p->block_size) * row_stride + h * d;
+                for (int64_t i = 0; i < d; i++) acc[i] += row[t] * value[i];
+            }
+            float *out = p->out + (b * p->heads + h * group + g) * d;
+            for (int64_t i = 0; i < d; i++) out[i] = acc[i] / total;
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* exp for x <= 0 (scores minus their maximum), Cephes' polynomial: within 2 ulp of expf. */
+AVX2 static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+}
+
+/* Four dot products at once, reduced together: [q.k0, q.k1, q.k2, q.k3]. */
+AVX2 static inline __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2,
+                               const float *k3, int64_t d) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < d; i += 8) {
+        const __m256 query = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(query, _mm256_loadu_ps(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(query, _mm256_loadu_ps(k1 + i), a1);
+        a2 = _mm256_fmadd_ps(query, _mm256_loadu_ps(k2 + i), a2);
+        a3 = _mm256_fmadd_ps(query, _mm256_loadu_ps(k3 + i), a3);
+    }
+    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+/* head_dim a multiple of 8: keys scored four at a time, exp and the weighted sum of V vectorised. */
+AVX2 static void attend_avx2(Slice *slice) {
+    const Problem *p = slice->p;
+    const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
+    const int64_t row_stride = p->kv_heads * d;
+    const float *rows[4];
+    for (int64_t item = slice->first; item < slice->last; item++) {
+        const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
+        const int64_t *table = p->tables + b * p->width;
+        const float *queries = p->q + (b * p->heads + h * group) * d;
+        float *scores = slice->scores;
+        if (!valid(p, b, slice)) return;
+        for (int64_t t = 0; t < len; t += 4) {
+            for (int j = 0; j < 4; j++) {
+                const int64_t u = t + j < len ? t + j : len - 1; /* past the end: repeat the last */
+                rows[j] = p->k + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d;
+            }
+            for (int64_t g = 0; g < group; g++) {
+                float four[4];
+                _mm_storeu_ps(four, _mm_mul_ps(dot4(queries + g * d, rows[0], rows[1], rows[2], rows[3], d),
+                                               _mm_set1_ps(p->scale)));
+                for (int j = 0; j < 4 && t + j < len; j++) scores[g * len + t + j] = four[j];
             }
         }
         for (int64_t g = 0; g < group; g++) {
             float *row = scores + g * len;
             float top = row[0];
             for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
-            float total = 0;
-            for (int64_t t = 0; t < len; t++) {
-                row[t] = expf(row[t] - top);
-                total += row[t];
+            const __m256 peak = _mm256_set1_ps(top);
+            __m256 sums = _mm256_setzero_ps();
+            int64_t t = 0;
+            for (; t + 8 <= len; t += 8) {
+                const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + t), peak));
+                _mm256_storeu_ps(row + t, e);
+                sums = _mm256_add_ps(sums, e);
             }
-            const float inverse = 1.0f / total;
-            for (int64_t t = 0; t < len; t++) row[t] *= inverse;
-            for (int64_t i = 0; i < d; i++) acc[g][i] = 0;
-        }
-        for (int64_t t = 0; t < len; t++) {
-            const int64_t block = table[t / p->block_size];
-            const float *value = p->v + (block * p->block_size + t % p->block_size) * row_stride + h * d;
-            for (int64_t g = 0; g < group; g++) {
-                const float weight = scores[g * len + t];
-                for (int64_t i = 0; i < d; i++) acc[g][i] += weight * value[i];
-            }
-        }
-        for (int64_t g = 0; g < group; g++) {
+            float lanes[8], total = 0;
+            _mm256_storeu_ps(lanes, sums);
+            for (int j = 0; j < 8; j++) total += lanes[j];
+            for (; t < len; t++) total += row[t] = expf(row[t] - top);
+            const __m256 inverse = _mm256_set1_ps(1.0f / total);
             float *out = p->out + (b * p->heads + h * group + g) * d;
-            for (int64_t i = 0; i < d; i++) out[i] = acc[g][i];
+            for (int64_t c = 0; c < d; c += 64) { /* eight accumulators stay in registers */
+                const int64_t width = d - c < 64 ? d - c : 64;
+                __m256 acc[8];
+                for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+                for (int64_t u = 0; u < len; u++) {
+                    const float *value = p->v + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d + c;
+                    const __m256 weight = _mm256_set1_ps(row[u]);
+                    for (int k = 0; k < width / 8; k++)
+                        acc[k] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * k), acc[k]);
+                }
+                for (int k = 0; k < width / 8; k++) _mm256_storeu_ps(out + c + 8 * k, _mm256_mul_ps(acc[k], inverse));
+            }
         }
     }
+}
+#endif
+
+static void attend(Slice *slice) {
+#if defined(__x86_64__)
+    if (slice->p->head_dim % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        attend_avx2(slice);
+        return;
+    }
+#endif
+    attend_scalar(slice);
 }
 
 static void *run_slice(void *arg) {
@@ -118,8 +211,7 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
                           &kv_heads, &head_dim, &block_size, &width, &num_blocks, &longest, &scale,
                           &threads))
         return NULL;
-    if (batch < 1 || kv_heads < 1 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP ||
-        head_dim < 1 || head_dim > MAX_HEAD_DIM || block_size < 1 || width < 1 || num_blocks < 1 ||
+    if (batch < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1 || head_dim > MAX_HEAD_DIM || block_size < 1 || width < 1 || num_blocks < 1 ||
         longest < 1 || longest > width * block_size) {
         PyErr_SetString(PyExc_ValueError, "decode_attention: shapes out of range");
         return NULL;
