@@ -19,6 +19,7 @@ import torch
 
 from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
+from tether.engine.detokenizer import IncrementalDetokenizer
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams, sample_rows
 from tether.engine.scheduler import RequestError, Scheduler
@@ -70,6 +71,7 @@ class _Request:
     priority: int
     seq_index: dict[int, int]  # seq id -> completion index
     generators: list[torch.Generator | None]
+    detokenizers: list[IncrementalDetokenizer] | None
     forked: bool = False
 
 
@@ -178,7 +180,14 @@ class LLMEngine:
         output = RequestOutput(
             request_id, list(prompt_token_ids), [Completion(i) for i in range(params.n)], 0
         )
-        self._requests[request_id] = _Request(output, params, priority, {seq.seq_id: 0}, generators)
+        detokenizers = (
+            None
+            if self.detokenize is None
+            else [IncrementalDetokenizer(self.detokenize) for _ in range(params.n)]
+        )
+        self._requests[request_id] = _Request(
+            output, params, priority, {seq.seq_id: 0}, generators, detokenizers
+        )
 
     def abort(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -336,8 +345,11 @@ class LLMEngine:
             reason = FinishReason.LENGTH
         else:
             reason = None
-        if self.detokenize is not None:
-            completion.text = self.detokenize(completion.token_ids)
+        if request.detokenizers is not None and self.detokenize is not None:
+            if reason is None:
+                completion.text = request.detokenizers[index].update(completion.token_ids)
+            else:  # the last token may end inside a character: the final text is the whole decode
+                completion.text = self.detokenize(completion.token_ids)
             for stop in params.stop:
                 cut = completion.text.find(stop)
                 if cut != -1:
