@@ -1,0 +1,112 @@
+"""What the model sees at each step: a stable header, a digest of older steps, recent steps verbatim.
+
+The system prompt and the task header never change during a task, and the digest of older steps is
+rebuilt only every `recent_steps` steps (whole blocks are folded in at once), so consecutive calls share
+a long identical prefix and the server's prefix cache pays. Pure functions over journal records.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tether.agents.task import RoleSpec, TaskSpec
+from tether.store.records import JsonDict, StepRecord
+
+
+def task_header(spec: TaskSpec, role: RoleSpec) -> str:
+    roles = ", ".join(r.name for r in spec.roles)
+    handoff = f" You may hand off to: {', '.join(role.hands_off_to)}." if role.hands_off_to else ""
+    return f"Goal: {spec.goal}\nYou act as the {role.name} (team: {roles}).{handoff}"
+
+
+def render_observation(observation: JsonDict | None, limit_chars: int) -> str:
+    if observation is None:
+        return "(no output)"
+    text = json.dumps(observation, ensure_ascii=False)
+    if len(text) <= limit_chars:
+        return text
+    half = limit_chars // 2
+    return f"{text[:half]} ...[{len(text) - limit_chars} characters cut]... {text[-half:]}"
+
+
+NO_ACTION_NUDGE = (
+    "Your last reply called no tool. Act with a tool call (a ```bash or ```python block), "
+    "or end the task with `finish` (a line `FINISH: <summary>`)."
+)
+
+
+def step_messages(step: StepRecord, limit_chars: int, nudge: bool = False) -> list[JsonDict]:
+    messages: list[JsonDict] = [step.message]
+    if nudge and not step.tool_calls:
+        messages.append({"role": "user", "content": NO_ACTION_NUDGE})
+    ids = [call.get("id", "") for call in step.message.get("tool_calls") or []]
+    for call in step.tool_calls:
+        call_id = (
+            ids[call.call_index] if call.call_index < len(ids) else f"call_{step.step_no}_{call.call_index}"
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "name": call.tool,
+                "content": render_observation(call.observation, limit_chars),
+            }
+        )
+    return messages
+
+
+def digest(steps: list[StepRecord], chars_per_step: int) -> str:
+    lines = ["Earlier steps, summarised (oldest first):"]
+    for step in steps:
+        actions = "; ".join(f"{call.tool}({json.dumps(call.arguments)[:80]})" for call in step.tool_calls)
+        said = str(step.message.get("content") or "").strip().replace("\n", " ")
+        results = " | ".join(render_observation(call.observation, chars_per_step) for call in step.tool_calls)
+        line = f"[{step.step_no} {step.role}] {said[:chars_per_step]} -> {actions or 'no tools'}: {results}"
+        lines.append(line[: 3 * chars_per_step])
+    return "\n".join(lines)
+
+
+def folded_count(total_steps: int, recent_steps: int) -> int:
+    """How many of the oldest steps go into the digest: whole blocks, so it changes every block only."""
+    if total_steps <= recent_steps:
+        return 0
+    return ((total_steps - recent_steps) // recent_steps) * recent_steps
+
+
+def recall_query(steps: list[StepRecord], limit_chars: int) -> str:
+    """What the agent is dealing with now: the newest step's words and results."""
+    if not steps:
+        return ""
+    return "\n".join(str(m.get("content") or "") for m in step_messages(steps[-1], limit_chars))
+
+
+def recall_items(steps: list[StepRecord], limit_chars: int) -> list[tuple[str, str]]:
+    """(idempotency key, text) for every tool call of these steps, as the memory indexes them."""
+    return [
+        (
+            call.idempotency_key,
+            f"step {step.step_no} {call.tool} {json.dumps(call.arguments)[:200]}: "
+            f"{render_observation(call.observation, limit_chars)}",
+        )
+        for step in steps
+        for call in step.tool_calls
+    ]
+
+
+def build_messages(
+    spec: TaskSpec, role: RoleSpec, steps: list[StepRecord], recalled: list[str] | None = None
+) -> list[JsonDict]:
+    messages: list[JsonDict] = [
+        {"role": "system", "content": role.system_prompt},
+        {"role": "user", "content": task_header(spec, role)},
+    ]
+    folded = folded_count(len(steps), spec.context.recent_steps)
+    if folded:
+        messages.append({"role": "user", "content": digest(steps[:folded], spec.context.summary_chars)})
+    for step in steps[folded:]:
+        messages.extend(step_messages(step, spec.context.observation_chars, nudge=spec.require_finish))
+    if recalled:
+        # Last, after the stable part: it changes every step and would otherwise break the cached prefix.
+        lines = "\n".join(f"- {text}" for text in recalled)
+        messages.append({"role": "user", "content": f"Possibly relevant earlier observations:\n{lines}"})
+    return messages

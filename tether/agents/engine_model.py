@@ -1,0 +1,35 @@
+"""`--model NAME`: tether's own engine in this process, reached through its OpenAI-compatible app.
+
+The engine's FastAPI app is called in-process over httpx's ASGI transport, so the agent talks to it
+exactly as it would to `tether serve` on the network; no port is opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tether.agents.model import OpenAIChatModel
+
+
+class EngineModel(OpenAIChatModel):
+    def __init__(self, name: str, cache_dir: Path, kv_cache_mib: int = 256) -> None:
+        from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
+        from tether.engine.llm_engine import LLMEngine
+        from tether.engine.server import create_app
+        from tether.models import configure_threads
+        from tether.models.cache import pull
+
+        configure_threads()
+        folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
+        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib)
+        self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
+        app = create_app(self._engine, tokenizer, name)
+        self._engine.start()
+        super().__init__("http://engine.local/v1", name, transport=httpx.ASGITransport(app=app))
+
+    async def close(self) -> None:
+        await super().close()
+        self._engine.shutdown()

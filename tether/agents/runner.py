@@ -1,0 +1,368 @@
+"""`TaskRunner`: drive one task from wherever its journal stands to its end, durably.
+
+Each step reads as plan -> run -> apply: build the context from the journal, call the model, journal the
+reply and its tool-call intents (before anything acts on them), run the calls in the sandbox session,
+checkpoint the workdir, commit the step. A runner holds the task's lease and renews it in the
+background; if the lease is lost (it stalled and another worker took over) every further write fails
+with `LeaseLost` and the runner stops. Resuming is not a special path: every run starts by restoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from pydantic import ValidationError
+
+from tether.agents.context import build_messages, folded_count, recall_items, recall_query
+from tether.agents.memory import Embedder, ObservationMemory
+from tether.agents.model import ChatModel, ModelRequest
+from tether.agents.replay import (
+    CallAction,
+    Outcome,
+    StepOutcome,
+    calls_of,
+    parse_arguments,
+    plan_resume,
+    resolve_call,
+    step_outcome,
+    tokens_of,
+)
+from tether.agents.task import TaskSpec
+from tether.agents.telemetry import Telemetry
+from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool, Workspace
+from tether.agents.workspace import SandboxWorkspace
+from tether.sandbox.pool import SandboxPool
+from tether.store.artifacts import ArtifactStore
+from tether.store.journal import Journal, LeaseLost
+from tether.store.records import (
+    JsonDict,
+    StepRecord,
+    TaskStatus,
+    ToolCallRecord,
+    idempotency_key,
+    messages_digest,
+)
+
+OUTCOME_UNKNOWN = {
+    "error": "outcome unknown: the worker stopped during this call and the tool may not be run twice; "
+    "check its effect before retrying"
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    lease_s: float = 30.0  # another worker may take the task over this long after the last renewal
+
+    def __post_init__(self) -> None:
+        assert self.lease_s > 0
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        journal: Journal,
+        artifacts: ArtifactStore,
+        pool: SandboxPool,
+        model: ChatModel,
+        owner: str,
+        config: RunnerConfig | None = None,
+        tools: dict[str, Tool] | None = None,
+        telemetry: Telemetry | None = None,
+        clock: Callable[[], float] = time.time,
+        embedder: Callable[[], Embedder] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.artifacts = artifacts
+        self.pool = pool
+        self.model = model
+        self.owner = owner
+        self.config = config or RunnerConfig()
+        self.tools = tools if tools is not None else BUILTIN_TOOLS
+        self.telemetry = telemetry or Telemetry()
+        self._clock = clock
+        self._embedder_factory = embedder  # loaded on first use: only long tasks need it
+        self._embedder: Embedder | None = None
+        self._memories: dict[str, ObservationMemory] = {}
+        self._embedder_lock = asyncio.Lock()
+
+    async def run(
+        self, task_id: str, heartbeat: Callable[[], Awaitable[None]] | None = None
+    ) -> TaskStatus | None:
+        """Run the task to its end (or to a hand-off between roles: QUEUED, to be published again).
+
+        None if another worker holds the task or took it over meanwhile."""
+        epoch = self.journal.claim(task_id, self.owner, self.config.lease_s)
+        if epoch is None:
+            return None
+        driver = asyncio.current_task()
+        assert driver is not None
+        keeper = asyncio.create_task(self._keep_lease(task_id, epoch, driver, heartbeat))
+        try:
+            return await self._drive(task_id, epoch)
+        except LeaseLost:
+            return None
+        except asyncio.CancelledError:
+            if keeper.done() and not keeper.cancelled() and isinstance(keeper.exception(), LeaseLost):
+                return None  # our own keeper stopped us: another worker owns the task now
+            raise
+        finally:
+            self._memories.pop(task_id, None)
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+                await keeper
+
+    async def _keep_lease(
+        self,
+        task_id: str,
+        epoch: int,
+        driver: asyncio.Task[TaskStatus | None],
+        heartbeat: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_s / 3)
+            try:
+                self.journal.renew(task_id, epoch, self.config.lease_s)
+            except LeaseLost:
+                driver.cancel()  # stop acting for a task another worker now owns
+                raise
+            if heartbeat is not None:
+                try:
+                    await heartbeat()
+                except Exception as error:  # a bus hiccup must not stop the lease renewals
+                    self.telemetry.errors.labels(kind="heartbeat").inc()
+                    self.telemetry.event("heartbeat_failed", task_id=task_id, error=repr(error))
+
+    async def _drive(self, task_id: str, epoch: int) -> TaskStatus:
+        task = self.journal.get_task(task_id)
+        try:
+            spec = TaskSpec.model_validate(task.spec)
+        except ValidationError as error:
+            return self._finish(task_id, epoch, TaskStatus.FAILED, error=f"invalid task spec: {error}")
+        hands_off = {role.name: role.hands_off_to for role in spec.roles}
+        steps = self.journal.steps(task_id)
+        plan = plan_resume(steps, self.tools, spec.roles[0].name, hands_off, spec.require_finish)
+        if plan.ended is not None:
+            return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=plan.ended.summary)
+        async with await self.pool.open_session(spec.sandbox) as session:
+            workspace = SandboxWorkspace(session)
+            await self._restore(workspace, spec, plan.snapshot_key, plan.reapply)
+            role, tokens_used = plan.role, plan.tokens_used
+            if plan.pending is not None:
+                finished = await self._complete_step(workspace, spec, epoch, plan.pending, hands_off)
+                steps[-1] = finished[0]
+                if finished[1].outcome is Outcome.FINISHED:
+                    return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=finished[1].summary)
+                if finished[1].outcome is Outcome.HANDOFF:
+                    return self._hand_off(task_id, epoch, plan.pending.role, finished[1])
+                role = finished[1].next_role
+            started_at = steps[0].started_at if steps else self._clock()
+            while True:
+                verdict = self._check_limits(task_id, spec, len(steps), tokens_used, started_at)
+                if verdict is not None:
+                    return self._finish(task_id, epoch, verdict[0], error=verdict[1])
+                step = await self._model_step(task_id, epoch, spec, role, steps)
+                step, outcome = await self._complete_step(workspace, spec, epoch, step, hands_off)
+                steps.append(step)
+                tokens_used += tokens_of(step)
+                if outcome.outcome is Outcome.FINISHED:
+                    return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=outcome.summary)
+                if outcome.outcome is Outcome.HANDOFF:
+                    return self._hand_off(task_id, epoch, step.role, outcome)
+                role = outcome.next_role
+
+    def _check_limits(
+        self, task_id: str, spec: TaskSpec, done_steps: int, tokens_used: int, started_at: float
+    ) -> tuple[TaskStatus, str] | None:
+        limits = spec.limits
+        if self.journal.get_task(task_id).cancel_requested:
+            return TaskStatus.CANCELLED, "cancelled on request"
+        if done_steps >= limits.max_steps:
+            return TaskStatus.FAILED, f"step budget exhausted: {done_steps} of max_steps={limits.max_steps}"
+        if tokens_used >= limits.max_tokens:
+            return (
+                TaskStatus.FAILED,
+                f"token budget exhausted: {tokens_used} of max_tokens={limits.max_tokens}",
+            )
+        if self._clock() - started_at >= limits.wall_clock_s:
+            return TaskStatus.FAILED, f"wall-clock budget exhausted: wall_clock_s={limits.wall_clock_s}"
+        return None
+
+    def _finish(
+        self,
+        task_id: str,
+        epoch: int,
+        status: TaskStatus,
+        result: str | None = None,
+        error: str | None = None,
+    ) -> TaskStatus:
+        self.journal.finish(task_id, epoch, status, result=result, error=error)
+        self.telemetry.event("task", task_id=task_id, status=status.value, error=error)
+        return status
+
+    async def _recall(self, spec: TaskSpec, steps: list[StepRecord]) -> list[str]:
+        folded = folded_count(len(steps), spec.context.recent_steps)
+        if not folded or not spec.context.recall_k or self._embedder_factory is None:
+            return []
+        # Loading and running the encoder take seconds of CPU: off the event loop, so the lease keeper
+        # and the other tasks of this worker keep running meanwhile.
+        async with self._embedder_lock:  # two tasks reaching this at once load the encoder once
+            if self._embedder is None:
+                self._embedder = await asyncio.to_thread(self._embedder_factory)
+        memory = self._memories.setdefault(steps[0].task_id, ObservationMemory(self._embedder))
+        items = recall_items(steps[:folded], spec.context.summary_chars * 2)
+        query = recall_query(steps, spec.context.observation_chars)
+
+        def search() -> list[str]:
+            memory.add(items)
+            found = memory.recall(query, spec.context.recall_k, among={key for key, _ in items})
+            return [item.text for item in found]
+
+        return await asyncio.to_thread(search)
+
+    def _hand_off(self, task_id: str, epoch: int, from_role: str, outcome: StepOutcome) -> TaskStatus:
+        """The step is committed; give the lease up so the next role's turn can go to any worker."""
+        self.journal.release(task_id, epoch)
+        self.telemetry.event("handoff", task_id=task_id, from_role=from_role, to_role=outcome.next_role)
+        return TaskStatus.QUEUED
+
+    async def _restore(
+        self,
+        workspace: SandboxWorkspace,
+        spec: TaskSpec,
+        snapshot_key: str | None,
+        reapply: tuple[ToolCallRecord, ...],
+    ) -> None:
+        if snapshot_key is not None:
+            await workspace.restore(self.artifacts.get(snapshot_key))
+        elif spec.files:
+            await workspace.session.upload(dict(spec.files))
+        for call in reapply:  # committed after the checkpoint: rebuild their effects, keep their observations
+            await self.tools[call.tool].function(workspace, call.arguments, call.idempotency_key)
+
+    async def _model_step(
+        self, task_id: str, epoch: int, spec: TaskSpec, role: str, steps: list[StepRecord]
+    ) -> StepRecord:
+        step_no = len(steps)
+        role_spec = spec.role(role)
+        messages = build_messages(spec, role_spec, steps, await self._recall(spec, steps))
+        schemas = [self.tools[name].schema() for name in role_spec.tools if name in self.tools]
+        started = self._clock()
+        with self.telemetry.span("agent.model", task_id=task_id, step_no=step_no, role=role):
+            clock = time.perf_counter()
+            reply = await self.model.complete(
+                ModelRequest(messages, schemas, step_no, spec.limits.max_output_tokens)
+            )
+            self.telemetry.model_seconds.observe(time.perf_counter() - clock)
+        done = self._clock()
+        intents = []
+        for index, (name, raw) in enumerate(calls_of(reply.message)):
+            arguments = parse_arguments(raw)
+            intents.append(
+                ToolCallRecord(
+                    idempotency_key=idempotency_key(task_id, step_no, index),
+                    task_id=task_id,
+                    step_no=step_no,
+                    call_index=index,
+                    tool=name,
+                    arguments=arguments if isinstance(arguments, dict) else {"_invalid": arguments},
+                    intent_at=done,
+                )
+            )
+        record = StepRecord(
+            task_id=task_id,
+            step_no=step_no,
+            epoch=epoch,
+            role=role,
+            message=reply.message,
+            usage=reply.usage,
+            messages_in=len(messages),
+            messages_in_digest=messages_digest(messages),
+            started_at=started,
+            model_done_at=done,
+            tool_calls=tuple(intents),
+        )
+        return self.journal.append_step(record)
+
+    async def _complete_step(
+        self,
+        workspace: SandboxWorkspace,
+        spec: TaskSpec,
+        epoch: int,
+        step: StepRecord,
+        hands_off: dict[str, tuple[str, ...]],
+    ) -> tuple[StepRecord, StepOutcome]:
+        clock = time.perf_counter()
+        allowed = spec.role(step.role).tools
+        observations: dict[str, JsonDict] = {}
+        with self.telemetry.span("agent.step", task_id=step.task_id, step_no=step.step_no, role=step.role):
+            for call in step.tool_calls:
+                tool = self.tools.get(call.tool) if call.tool in allowed else None
+                action = resolve_call(call, tool)
+                if action is CallAction.REUSE:
+                    continue
+                if action is CallAction.OUTCOME_UNKNOWN:
+                    observations[call.idempotency_key] = OUTCOME_UNKNOWN
+                    continue
+                observations[call.idempotency_key] = await self._call_tool(
+                    workspace, epoch, call, tool, allowed
+                )
+            provisional = tuple(
+                call
+                if call.observation is not None
+                else _with_observation(call, observations[call.idempotency_key])
+                for call in step.tool_calls
+            )
+            outcome = step_outcome(
+                _with_calls(step, provisional), hands_off.get(step.role, ()), spec.require_finish
+            )
+            snapshot_key = None
+            if outcome.outcome is Outcome.FINISHED or (step.step_no + 1) % spec.snapshot_every == 0:
+                snapshot_key = self.artifacts.put(await workspace.snapshot())
+            self.journal.commit_step(step.task_id, step.step_no, epoch, observations, snapshot_key)
+        committed = self.journal.step(step.task_id, step.step_no)
+        assert committed is not None
+        self.telemetry.step_committed(
+            step.task_id, step.step_no, step.role, step.usage, time.perf_counter() - clock
+        )
+        return committed, step_outcome(committed, hands_off.get(step.role, ()), spec.require_finish)
+
+    async def _call_tool(
+        self,
+        workspace: Workspace,
+        epoch: int,
+        call: ToolCallRecord,
+        tool: Tool | None,
+        allowed: tuple[str, ...],
+    ) -> JsonDict:
+        if tool is None:
+            available = ", ".join(name for name in allowed if name in self.tools)
+            return {"error": f"unknown tool {call.tool!r} for this role; available: {available}"}
+        if "_invalid" in call.arguments:
+            return {"error": f"bad arguments for {call.tool}: {call.arguments['_invalid']}"}
+        problem = tool.argument_error(call.arguments)
+        if problem is not None:
+            return {"error": problem}
+        self.journal.mark_started(call.task_id, epoch, call.idempotency_key)
+        clock = time.perf_counter()
+        with self.telemetry.span("agent.tool", tool=call.tool, key=call.idempotency_key):
+            observation = await tool.function(workspace, call.arguments, call.idempotency_key)
+        error = "error" in observation or observation.get("status", "ok") != "ok"
+        self.telemetry.tool_finished(
+            call.task_id, call.step_no, call.tool, time.perf_counter() - clock, error
+        )
+        if tool.policy in (ReplayPolicy.EXTERNAL_IDEMPOTENT, ReplayPolicy.EXTERNAL_AT_MOST_ONCE):
+            # Effects outside the workdir are not undone by a restore: record them at once.
+            self.journal.record_observation(call.task_id, epoch, call.idempotency_key, observation)
+        return observation
+
+
+def _with_observation(call: ToolCallRecord, observation: JsonDict) -> ToolCallRecord:
+    return replace(call, observation=observation)
+
+
+def _with_calls(step: StepRecord, calls: tuple[ToolCallRecord, ...]) -> StepRecord:
+    return replace(step, tool_calls=calls)

@@ -1,0 +1,43 @@
+"""A task's journal as readable lines (`tether agent logs`): one line per step, one per tool call."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tether.store.records import StepRecord, StepStatus, TaskRecord
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def _short(text: str, limit: int) -> str:
+    text = text.strip().replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def step_lines(step: StepRecord, width: int = 100) -> list[str]:
+    tokens = int(step.usage.get("prompt_tokens", 0)) + int(step.usage.get("completion_tokens", 0))
+    state = "" if step.status is StepStatus.COMMITTED else " (in progress)"
+    said = _short(str(step.message.get("content") or ""), width)
+    lines = [f"{_clock(step.started_at)} step {step.step_no:>3} [{step.role}] {tokens} tok{state}: {said}"]
+    for call in step.tool_calls:
+        arguments = _short(json.dumps(call.arguments, ensure_ascii=False), width // 2)
+        if call.observation is None:
+            result = "pending"
+        elif "error" in call.observation:
+            result = "error: " + _short(str(call.observation["error"]), width // 2)
+        elif "status" in call.observation:
+            output = str(call.observation.get("stdout", "")) + str(call.observation.get("stderr", ""))
+            status, exit_code = call.observation["status"], call.observation.get("exit_code")
+            result = f"{status} exit={exit_code} {_short(output, width // 2)}"
+        else:
+            result = _short(json.dumps(call.observation, ensure_ascii=False), width // 2)
+        lines.append(f"    -> {call.tool} {arguments} => {result}")
+    return lines
+
+
+def task_line(task: TaskRecord) -> str:
+    outcome = task.error or task.result or ""
+    return f"task {task.task_id} {task.status.value}" + (f": {_short(outcome, 200)}" if outcome else "")

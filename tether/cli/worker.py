@@ -1,0 +1,183 @@
+"""`tether worker`: consume the agent task queue; run several (on one machine or many) to share the work.
+
+Also runnable as `python -m tether.cli.worker` (the fault test starts and SIGKILLs workers this way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from prometheus_client import start_http_server
+
+from tether.agents.memory import MiniLMEmbedder, minilm_installed
+from tether.agents.model import open_model
+from tether.agents.runner import RunnerConfig, TaskRunner
+from tether.agents.service import AgentsConfig, AgentStack
+from tether.agents.telemetry import Telemetry
+from tether.agents.worker import AgentWorker, WorkerConfig
+from tether.cli.common import CliState, err_console, pool_config, state, user_errors
+from tether.sandbox.pool import SandboxPool
+
+HomeOption = Annotated[
+    Path | None, typer.Option("--home", help="Embedded state directory (default: <cache_dir>/agents).")
+]
+StoreOption = Annotated[
+    str | None, typer.Option("--store", help="Journal: sqlite:///PATH or postgresql://USER@HOST/DB.")
+]
+BusOption = Annotated[
+    str | None, typer.Option("--bus", help="Queue: sqlite:///PATH, redis://HOST:PORT or nats://HOST:PORT.")
+]
+BusNameOption = Annotated[str, typer.Option("--bus-name", help="Queue/stream name.")]
+TablePrefixOption = Annotated[str, typer.Option("--table-prefix", help="Prefix of the journal's tables.")]
+ArtifactsOption = Annotated[
+    str | None, typer.Option("--artifacts", help="Snapshot store: a directory or an fsspec URL (s3://...).")
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model", help="Engine model NAME (in process), a model name at --base-url, or scripted:FILE."
+    ),
+]
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."),
+]
+VisibilityOption = Annotated[
+    float, typer.Option("--visibility-timeout-s", min=0.1, help="Unacked tasks are redelivered after this.")
+]
+LeaseOption = Annotated[
+    float, typer.Option("--lease-s", min=0.1, help="A silent worker's tasks are taken over after this.")
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Locations:
+    home: Path | None
+    store: str | None
+    bus: str | None
+    bus_name: str
+    artifacts: str | None
+    table_prefix: str = "agent_"
+
+    def config(
+        self, cli: CliState, visibility_timeout_s: float = 30.0, lease_s: float = 30.0
+    ) -> AgentsConfig:
+        home = self.home or cli.settings().cache_dir / "agents"
+        embedded = AgentsConfig.embedded(home)
+        return replace(
+            embedded,
+            store_url=self.store or embedded.store_url,
+            bus_url=self.bus or embedded.bus_url,
+            artifacts_url=self.artifacts or embedded.artifacts_url,
+            bus_name=self.bus_name,
+            table_prefix=self.table_prefix,
+            visibility_timeout_s=visibility_timeout_s,
+            lease_s=lease_s,
+        )
+
+
+async def run_worker(
+    cli: CliState,
+    config: AgentsConfig,
+    model_name: str | None,
+    base_url: str | None,
+    worker_config: WorkerConfig,
+    stop: asyncio.Event,
+    exit_when_idle: bool = False,
+    metrics_port: int | None = None,
+) -> int:
+    settings = cli.settings()
+    model = open_model(model_name, base_url, settings.cache_dir)
+    telemetry = Telemetry()
+    server = None
+    if metrics_port is not None:
+        server, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=telemetry.registry)
+    try:
+        stack = AgentStack(config)
+        try:
+            async with SandboxPool(
+                settings.sandbox.spec, pool_config(settings, slots=worker_config.max_in_flight)
+            ) as pool:
+                runner = TaskRunner(
+                    stack.journal,
+                    stack.artifacts,
+                    pool,
+                    model,
+                    owner=f"worker-{uuid.uuid4().hex[:8]}",
+                    config=RunnerConfig(lease_s=config.lease_s),
+                    telemetry=telemetry,
+                    embedder=MiniLMEmbedder if minilm_installed() else None,
+                )
+                worker = AgentWorker(stack.bus, runner, worker_config)
+                telemetry.event("worker_ready", owner=runner.owner, max_in_flight=worker_config.max_in_flight)
+                await worker.serve(stop, exit_when_idle=exit_when_idle)
+                return worker.finished
+        finally:
+            await stack.close()
+    finally:
+        await model.close()
+        if server is not None:
+            server.shutdown()
+
+
+def worker_command(
+    ctx: typer.Context,
+    home: HomeOption = None,
+    store: StoreOption = None,
+    bus: BusOption = None,
+    bus_name: BusNameOption = "tether-tasks",
+    table_prefix: TablePrefixOption = "agent_",
+    artifacts: ArtifactsOption = None,
+    model: ModelOption = None,
+    base_url: BaseUrlOption = None,
+    max_in_flight: Annotated[int, typer.Option("--max-in-flight", min=1, help="Tasks run at once.")] = 2,
+    visibility_timeout_s: VisibilityOption = 30.0,
+    lease_s: LeaseOption = 30.0,
+    exit_when_idle: Annotated[
+        bool, typer.Option("--exit-when-idle", help="Stop once the queue is empty.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus /metrics here.")
+    ] = None,
+) -> None:
+    """Run agent tasks from the queue until stopped (SIGINT/SIGTERM end cleanly; SIGKILL is safe too)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cli = state(ctx)
+    with user_errors():
+        config = Locations(home, store, bus, bus_name, artifacts, table_prefix).config(
+            cli, visibility_timeout_s, lease_s
+        )
+
+        async def main() -> int:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
+            return await run_worker(
+                cli,
+                config,
+                model,
+                base_url,
+                WorkerConfig(max_in_flight=max_in_flight),
+                stop,
+                exit_when_idle,
+                metrics_port,
+            )
+
+        finished = asyncio.run(main())
+    err_console.print(f"worker stopped after finishing {finished} task(s)", highlight=False)
+
+
+if __name__ == "__main__":
+    app = typer.Typer(add_completion=False)
+    app.command()(worker_command)
+    with contextlib.suppress(KeyboardInterrupt):
+        app()
