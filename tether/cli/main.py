@@ -15,6 +15,7 @@ from tether.cli import engine, envs, models, sandbox
 from tether.cli.agent import app as agent_app
 from tether.cli.common import CliState, pool_config, state, user_errors
 from tether.cli.eval import eval_command
+from tether.cli.gateway import app as gateway_app
 from tether.cli.jobs import app as jobs_app
 from tether.cli.serve import serve_command
 from tether.cli.sim import sim_command
@@ -31,6 +32,7 @@ app.command("eval")(eval_command)
 app.command("sim")(sim_command)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
+app.add_typer(gateway_app, name="gateway")
 app.command("worker")(worker_command)
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")

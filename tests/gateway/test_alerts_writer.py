@@ -1,0 +1,80 @@
+"""The example alert rules name only metrics the gateway exports; the ledger writer batches, retries and
+never settles a charge it could not write."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tether.gateway.config import Tier
+from tether.gateway.ledger import Charge, Ledger
+from tether.gateway.metrics import GatewayMetrics
+from tether.gateway.pricing import Usage
+from tether.gateway.writer import LedgerWriter
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "gateway-alerts.yml"
+
+
+def test_alert_rules_use_exported_metrics() -> None:
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    families = {family.name for family in GatewayMetrics().registry.collect()}
+    used = {name for rule in rules for name in re.findall(r"tether_gateway_\w+", rule["expr"])}
+    assert len(rules) >= 4 and len(used) >= 4
+    for name in used:
+        assert re.sub(r"_(bucket|total|count|sum)$", "", name) in families, name
+
+
+class FlakyLedger(Ledger):
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.batches: list[list[Charge]] = []
+
+    def record(self, charges: list[Charge]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("disk full")
+        self.batches.append(charges)
+
+
+def charge(i: int) -> Charge:
+    return Charge(f"r{i}", 0.0, "acme", "k", "m", Tier.STANDARD, Usage(1, 0, 1), Decimal(1))
+
+
+async def test_concurrent_charges_share_one_commit_and_settle_after_it() -> None:
+    ledger = FlakyLedger(failures=0)
+    writer = LedgerWriter(ledger, linger_s=0.01)
+    settled: list[int] = []
+    for i in range(5):
+
+        async def after(i: int = i) -> None:
+            assert any(c.request_id == f"r{i}" for batch in ledger.batches for c in batch)  # committed first
+            settled.append(i)
+
+        writer.submit(charge(i), after)
+    await writer.flush()
+    assert [len(batch) for batch in ledger.batches] == [5] and settled == [0, 1, 2, 3, 4]
+    await writer.close()
+
+
+@pytest.mark.parametrize(("failures", "written"), [(2, True), (3, False)])
+async def test_failed_commits_are_retried_then_given_up_unsettled(
+    failures: int, written: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = FlakyLedger(failures)
+    given_up: list[int] = []
+    writer = LedgerWriter(ledger, linger_s=0, attempts=3, backoff_s=0.001, on_failure=given_up.append)
+    settled: list[bool] = []
+
+    async def after() -> None:
+        settled.append(True)
+
+    writer.submit(charge(0), after)
+    await writer.flush()
+    await writer.close()
+    assert bool(ledger.batches) is written and bool(settled) is written
+    assert given_up == ([] if written else [1])
+    assert written or "unrecorded charge" in caplog.text

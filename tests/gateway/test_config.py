@@ -1,0 +1,82 @@
+"""Loading the gateway config from TOML or JSON, and the errors for files that cannot be used."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tether.errors import ConfigError
+from tether.gateway.config import Tier, load_gateway_config
+
+TOML = """
+ledger_url = "postgresql://postgres@127.0.0.1:5432/test"
+redis_url = "redis://127.0.0.1:6379/0"
+models = { "smollm2" = "main" }
+fast_pools = { "smollm2" = "vip" }
+
+[pools.main]
+urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+max_in_flight = 128
+
+[pools.vip]
+urls = ["http://10.0.0.3:8000"]
+
+[prices.smollm2.standard]
+output_per_mtok = "8.00"
+
+[tenant_limits.acme]
+tokens_per_window = 1000000
+budget_usd = "2500"
+"""
+
+
+def test_a_toml_config_configures_pools_prices_and_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(TOML)
+    config = load_gateway_config(path)
+    assert (
+        config.pool_for("smollm2", Tier.FAST) == "vip" and config.pool_for("smollm2", Tier.STANDARD) == "main"
+    )
+    assert config.pools["main"].max_in_flight == 128 and len(config.pools["main"].urls) == 2
+    assert config.price("smollm2", Tier.STANDARD).output_per_mtok == Decimal("8.00")
+    assert config.price("smollm2", Tier.STANDARD).input_cache_hit_per_mtok == Decimal("0.18")
+    assert config.tenant("acme").budget_usd == Decimal(2500) and config.tenant("other").budget_usd is None
+
+
+def test_json_configs_round_trip(tmp_path: Path) -> None:
+    toml = tmp_path / "gateway.toml"
+    toml.write_text(TOML)
+    config = load_gateway_config(toml)
+    path = tmp_path / "gateway.json"
+    path.write_text(config.model_dump_json())
+    assert load_gateway_config(path) == config
+
+
+def test_no_file_means_the_defaults() -> None:
+    config = load_gateway_config(None)
+    assert config.price("default", Tier.FAST).output_per_mtok == Decimal("19.00")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("missing.toml", None, "cannot read it"),
+        ("bad.toml", "models = {", "not valid .toml"),
+        ("bad.json", "{", "not valid .json"),
+        ("typo.toml", "ledger_ur = 'x'", "unknown key 'ledger_ur'"),
+        ("pool.toml", "[pools.default]\nurls = []\n", "pools.default.urls"),
+        ("url.toml", "[pools.default]\nurls = ['10.0.0.1:8000']\n", "base URL like"),
+        ("path.toml", "[pools.default]\nurls = ['http://h:1/v1']\n", "no path"),
+    ],
+)
+def test_unusable_files_are_named_with_the_problem(
+    tmp_path: Path, name: str, text: str | None, message: str
+) -> None:
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_gateway_config(path)
+    assert str(path) in str(refused.value)

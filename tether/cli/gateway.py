@@ -1,0 +1,263 @@
+"""`tether gateway ...`: serve the API gateway, manage its keys, report usage and benchmark it."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import re
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tether.cli.common import fail, print_json, user_errors
+from tether.errors import ConfigError
+from tether.gateway.config import GatewayConfig, Limits, Tier, load_gateway_config
+
+app = typer.Typer(help="The API gateway: keys, usage, serving and benchmarks.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+console = Console()
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--gateway-config", envvar="TETHER_GATEWAY_CONFIG", help="Gateway TOML/JSON config file."),
+]
+LedgerOption = Annotated[
+    str | None,
+    typer.Option("--ledger-url", help="sqlite:///PATH or postgresql://... (overrides the config)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+_RELATIVE = re.compile(r"^(\d+)([dhm])$")
+
+
+def _config(path: Path | None, ledger_url: str | None = None) -> GatewayConfig:
+    config = load_gateway_config(path)
+    return config.model_copy(update={"ledger_url": ledger_url}) if ledger_url else config
+
+
+def parse_since(value: str, now: dt.datetime) -> float:
+    """`7d`, `24h`, `30m` before `now`, or an ISO date/datetime (UTC unless it names a zone)."""
+    relative = _RELATIVE.match(value)
+    if relative:
+        amount, unit = int(relative.group(1)), relative.group(2)
+        delta = {
+            "d": dt.timedelta(days=amount),
+            "h": dt.timedelta(hours=amount),
+            "m": dt.timedelta(minutes=amount),
+        }
+        return (now - delta[unit]).timestamp()
+    try:
+        moment = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"--since {value!r}: expected a duration like 7d, 24h or 30m, or an ISO date like 2026-11-01"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+@app.callback()
+def main() -> None:
+    """The API gateway: keys, usage, serving and benchmarks."""
+
+
+@app.command("serve")
+def serve_command(
+    config_file: ConfigOption = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Serve the gateway until interrupted."""
+    with user_errors():
+        from tether.gateway.runtime import serve_gateway
+
+        serve_gateway(_config(config_file), host, port, log_level)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the key bills to.")],
+    tier: Annotated[Tier, typer.Option("--tier", help="Price and priority tier.")] = Tier.STANDARD,
+    name: Annotated[str, typer.Option("--name", help="A label for people.")] = "",
+    rpm: Annotated[int | None, typer.Option("--rpm", min=1, help="Requests per minute.")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", min=1, help="Tokens per window.")] = None,
+    token_window_s: Annotated[
+        float, typer.Option("--token-window-s", min=0.001, help="Token window.")
+    ] = 600.0,
+    budget_usd: Annotated[str | None, typer.Option("--budget-usd", help="Spend per budget period.")] = None,
+    budget_period_s: Annotated[float, typer.Option("--budget-period-s", min=0.001)] = 30 * 86400.0,
+    config_file: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a key; its secret is printed once and never stored."""
+    from pydantic import ValidationError
+
+    from tether.errors import describe_validation_error
+    from tether.gateway.runtime import open_stores
+
+    with user_errors():
+        try:
+            limits = Limits(
+                requests_per_minute=rpm,
+                tokens_per_window=tokens,
+                token_window_s=token_window_s,
+                budget_usd=None if budget_usd is None else Decimal(budget_usd),
+                budget_period_s=budget_period_s,
+            )
+        except (ValidationError, ArithmeticError) as error:
+            detail = (
+                describe_validation_error(error, "key limits") if isinstance(error, ValidationError) else ""
+            )
+            fail(detail or f"--budget-usd {budget_usd!r}: expected a decimal number of USD, like 25.50")
+        keys, _ = open_stores(_config(config_file, ledger_url))
+        secret, record = keys.create(tenant, tier, limits, name)
+    if as_json:
+        print_json({"key": secret, "key_id": record.key_id, "tenant": tenant, "tier": tier.value})
+        return
+    console.print(f"key id {record.key_id} for tenant {tenant} ({tier.value}); the secret, shown only now:")
+    sys.stdout.write(secret + "\n")
+
+
+@keys_app.command("list")
+def keys_list(
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    config_file: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every key (revoked ones too), oldest first; secrets are never shown."""
+    from tether.gateway.runtime import open_stores
+
+    with user_errors():
+        keys, _ = open_stores(_config(config_file, ledger_url))
+        records = keys.list(tenant)
+    rows = [
+        {
+            "key_id": r.key_id,
+            "tenant": r.tenant,
+            "tier": r.tier.value,
+            "name": r.name,
+            "limits": r.limits.model_dump(mode="json", exclude_defaults=True),
+            "created": dt.datetime.fromtimestamp(r.created_at, dt.UTC).isoformat(timespec="seconds"),
+            "revoked": None
+            if r.revoked_at is None
+            else dt.datetime.fromtimestamp(r.revoked_at, dt.UTC).isoformat(timespec="seconds"),
+        }
+        for r in records
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="gateway keys")
+    for column in ("key_id", "tenant", "tier", "name", "limits", "created", "revoked"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row[c] if row[c] is not None else "-") for c in row))
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key id, from `keys list`.")],
+    config_file: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+) -> None:
+    """Revoke a key: running gateways refuse it within their key_cache_s."""
+    from tether.gateway.runtime import open_stores
+
+    with user_errors():
+        keys, _ = open_stores(_config(config_file, ledger_url))
+        record = keys.revoke(key_id)
+    console.print(f"revoked key {record.key_id} of tenant {record.tenant}")
+
+
+@app.command("usage")
+def usage_command(
+    tenant: Annotated[str, typer.Option("--tenant")],
+    since: Annotated[str, typer.Option("--since", help="7d, 24h, 30m, or an ISO date/datetime.")] = "30d",
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
+    config_file: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Tokens and cost of a tenant by day, model and tier."""
+    from tether.gateway.runtime import open_stores
+
+    with user_errors():
+        start = parse_since(since, dt.datetime.now(dt.UTC))
+        _, ledger = open_stores(_config(config_file, ledger_url))
+        report = ledger.report(tenant, start)
+    columns = [
+        "day",
+        "model",
+        "tier",
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost_usd",
+    ]
+    rows = [
+        [
+            r.day,
+            r.model,
+            r.tier.value,
+            r.requests,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.completion_tokens,
+            str(r.cost_usd),
+        ]
+        for r in report
+    ]
+    if as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        return
+    if as_json:
+        print_json([dict(zip(columns, row, strict=True)) for row in rows])
+        return
+    table = Table(
+        title=f"usage of {tenant} since {dt.datetime.fromtimestamp(start, dt.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("day", "model", "tier") else "right")
+    for row in rows:
+        table.add_row(*(str(value) for value in row))
+    total = sum((r.cost_usd for r in report), Decimal(0))
+    table.caption = f"total {total} USD"
+    console.print(table)
+
+
+@app.command("bench")
+def bench_command(
+    requests: Annotated[int, typer.Option("--requests", help="Sequential requests per path.")] = 400,
+    duration_s: Annotated[float, typer.Option("--duration-s", help="Length of the throughput phase.")] = 5.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Clients in the throughput phase.")] = 32,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured requests first.")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """Added latency versus calling the upstream directly (p50, p99) and max requests/s, in one run."""
+    with user_errors():
+        from tether.gateway.bench import BenchConfig, run_bench
+
+        result = run_bench(BenchConfig(requests, duration_s, concurrency, warmup)).as_dict()
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title="gateway bench (instant upstream)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, f"{value:.3g}" if isinstance(value, float) else str(value))
+    console.print(table)

@@ -1,0 +1,407 @@
+"""The gateway's HTTP app: authenticate, plan, reserve limits, wait for a pool slot, forward to an engine
+through one shared `httpx2.AsyncClient` (streams are relayed chunk by chunk, never buffered whole), then
+price the reported usage and hand it to the ledger writer, which settles the reservation once committed.
+
+It does not tokenize or inspect completions beyond the `usage` object; the engine stays the authority on
+tokens and the ledger on money.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import httpx2
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import generate_latest
+
+from tether.gateway.admission import AdmissionQueue, AdmissionRefused
+from tether.gateway.config import GatewayConfig
+from tether.gateway.errors import GatewayError
+from tether.gateway.keys import ApiKey, KeyStore, hash_key
+from tether.gateway.ledger import Charge, Ledger
+from tether.gateway.limits import Counter, LimitKind, LimitStore, Refusal, counters_for
+from tether.gateway.metrics import GatewayMetrics
+from tether.gateway.plan import Kind, RequestPlan, plan_request
+from tether.gateway.pricing import BadUsage, Usage, cost_usd, to_nano_usd
+from tether.gateway.writer import LedgerWriter
+
+logger = logging.getLogger(__name__)
+
+
+_KEY_CACHE_SIZE = 100_000
+_PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
+_JSON = {"content-type": "application/json"}
+
+
+def _is_openai_error(content: bytes) -> bool:
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("error"), dict)
+
+
+async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    try:
+        if first:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """A request past its limits: what to settle when it ends."""
+
+    id: str
+    key: ApiKey
+    plan: RequestPlan
+    counters: list[Counter]
+    arrived_s: float
+    settled: bool = False
+
+
+def _refusal_error(refusal: Refusal, scope_id: str, reserved: int) -> GatewayError:
+    counter = refusal.counter
+    who = f"{counter.scope} {scope_id!r}"
+    if counter.kind is LimitKind.SPEND:
+        budget = Decimal(counter.limit) / 10**9
+        return GatewayError(
+            429,
+            f"{who} has exhausted its budget of {budget} USD per {counter.window_s:g} s "
+            f"(spent or reserved {Decimal(refusal.used) / 10**9} USD; this request may cost up to "
+            f"{Decimal(reserved) / 10**9} USD)",
+            "budget_exhausted",
+            kind="insufficient_quota",
+            retry_after_s=None if refusal.retry_after_s == float("inf") else refusal.retry_after_s,
+        )
+    if refusal.retry_after_s == float("inf"):
+        return GatewayError(
+            400,
+            f"this request may use {reserved} tokens (prompt bound plus max_tokens x n), more than {who}'s "
+            f"whole limit of {counter.limit} tokens per {counter.window_s:g} s; lower max_tokens",
+            "request_exceeds_limit",
+            param="max_tokens",
+        )
+    unit = (
+        "requests per minute" if counter.kind is LimitKind.REQUESTS else f"tokens per {counter.window_s:g} s"
+    )
+    return GatewayError(
+        429,
+        f"rate limit reached for {who}: {counter.limit} {unit} (in use {refusal.used}, this request needs "
+        f"{reserved}); retry after {refusal.retry_after_s:.1f} s",
+        f"{counter.kind.value}_limit_exceeded",
+        kind="rate_limit_exceeded",
+        retry_after_s=refusal.retry_after_s,
+    )
+
+
+@dataclass
+class Gateway:
+    """The request handling behind `create_gateway_app`; the caller owns the stores and the client."""
+
+    config: GatewayConfig
+    keys: KeyStore
+    ledger: Ledger
+    limits: LimitStore
+    client: httpx2.AsyncClient
+    clock: Callable[[], float] = time.time
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    queues: dict[str, AdmissionQueue] = field(init=False)
+    writer: LedgerWriter = field(init=False)
+    _key_cache: dict[str, tuple[ApiKey, float]] = field(init=False, default_factory=dict)
+    _targets: dict[tuple[str, Kind], itertools.cycle[httpx2.URL]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.queues = {
+            name: AdmissionQueue(name, pool.max_in_flight, pool.max_queued, pool.queue_deadline_s)
+            for name, pool in self.config.pools.items()
+        }
+        # URLs parsed once: parsing one per request is a measurable share of the gateway's own latency
+        self._targets = {
+            (name, kind): itertools.cycle([httpx2.URL(url.rstrip("/") + _PATHS[kind]) for url in pool.urls])
+            for name, pool in self.config.pools.items()
+            for kind in _PATHS
+        }
+        self.writer = LedgerWriter(
+            self.ledger, on_failure=self.metrics.errors.labels("ledger_write_failed").inc
+        )
+
+    async def aclose(self) -> None:
+        await self.writer.close()
+        await self.client.aclose()
+        await self.limits.close()
+        self.keys.engine.dispose()
+
+    # authentication
+
+    async def authenticate(self, header: str | None) -> ApiKey:
+        if not header or not header.startswith("Bearer "):
+            raise GatewayError(
+                401,
+                "missing API key: send `Authorization: Bearer <key>`",
+                "missing_api_key",
+                "authentication_error",
+            )
+        secret = header.removeprefix("Bearer ").strip()
+        digest = hash_key(secret)
+        cached = self._key_cache.get(digest)
+        now = time.monotonic()
+        key: ApiKey | None
+        if cached is not None and cached[1] > now:
+            key = cached[0]
+        else:
+            key = await asyncio.to_thread(self.keys.lookup, secret)
+            # only real keys are cached, and only so many: guessed keys must not grow the cache
+            if key is not None and self.config.key_cache_s > 0:
+                if len(self._key_cache) >= _KEY_CACHE_SIZE:
+                    self._key_cache.clear()
+                self._key_cache[digest] = (key, now + self.config.key_cache_s)
+        if key is None:
+            raise GatewayError(401, "invalid API key", "invalid_api_key", "authentication_error")
+        if key.revoked:
+            raise GatewayError(
+                401,
+                f"API key {key.key_id} was revoked; ask for a new one",
+                "key_revoked",
+                "authentication_error",
+            )
+        return key
+
+    # limits
+
+    async def admit(self, key: ApiKey, plan: RequestPlan) -> _Admitted:
+        tokens, spend = plan.tokens_bound, plan.spend_bound_nano_usd
+        counters = counters_for(key.limits, "key", key.key_id, tokens, spend) + counters_for(
+            self.config.tenant(key.tenant), "tenant", key.tenant, tokens, spend
+        )
+        admitted = _Admitted(uuid.uuid4().hex, key, plan, counters, time.monotonic())
+        refusal = await self.limits.reserve(admitted.id, counters, self.clock())
+        if refusal is not None:
+            scope_id = key.key_id if refusal.counter.scope == "key" else key.tenant
+            raise _refusal_error(refusal, scope_id, refusal.counter.amount)
+        return admitted
+
+    async def release(self, admitted: _Admitted) -> None:
+        """The request never ran: give its tokens and spend back (it still counts as a request)."""
+        if admitted.settled:
+            return
+        admitted.settled = True
+        zero = {c.name: 0 for c in admitted.counters if c.kind is not LimitKind.REQUESTS}
+        await self.limits.settle(admitted.id, admitted.counters, zero)
+
+    def charge(self, admitted: _Admitted, usage: Usage) -> Decimal:
+        """Price the usage and queue its ledger row; the reservation is settled once the row is committed."""
+        plan, key = admitted.plan, admitted.key
+        cost = cost_usd(usage, self.config.price(plan.model, plan.tier))
+        charge = Charge(admitted.id, self.clock(), key.tenant, key.key_id, plan.model, plan.tier, usage, cost)
+        actual = {LimitKind.TOKENS: usage.total_tokens, LimitKind.SPEND: to_nano_usd(cost)}
+        amounts = {c.name: actual[c.kind] for c in admitted.counters if c.kind in actual}
+        for c in admitted.counters:
+            if c.name in amounts and amounts[c.name] > c.amount:
+                logger.warning(
+                    "request %s used %s %s, more than reserved (%s)",
+                    admitted.id,
+                    amounts[c.name],
+                    c.kind.value,
+                    c.amount,
+                )
+        admitted.settled = True
+
+        async def settle() -> None:
+            await self.limits.settle(admitted.id, admitted.counters, amounts)
+
+        self.writer.submit(charge, settle)
+        tier, tenant = plan.tier.value, key.tenant
+        self.metrics.tokens.labels(tenant, tier, "cached").inc(usage.cached_tokens)
+        self.metrics.tokens.labels(tenant, tier, "uncached").inc(usage.prompt_tokens - usage.cached_tokens)
+        self.metrics.tokens.labels(tenant, tier, "output").inc(usage.completion_tokens)
+        self.metrics.cost.labels(tenant, tier).inc(float(cost))
+        return cost
+
+    async def flush(self) -> None:
+        """Wait until every charge so far is in the ledger and settled in the limits."""
+        await self.writer.flush()
+
+    # forwarding
+
+    def _request(self, plan: RequestPlan) -> httpx2.Request:
+        url = next(self._targets[plan.pool, plan.kind])
+        return self.client.build_request("POST", url, content=plan.upstream_body, headers=_JSON)
+
+    async def handle(self, kind: Kind, request: Request) -> Response:
+        """One proxied request, counted by tier and status however it ends."""
+        labels = ["unknown", "500"]
+        try:
+            response = await self._handle(kind, request, labels)
+            labels[1] = str(response.status_code)
+            return response
+        except GatewayError as error:
+            labels[1] = str(error.status)
+            raise
+        finally:
+            self.metrics.requests.labels(*labels).inc()
+
+    async def _handle(self, kind: Kind, request: Request, labels: list[str]) -> Response:
+        key = await self.authenticate(request.headers.get("authorization"))
+        labels[0] = key.tier.value
+        try:
+            body = json.loads(await request.body())
+        except ValueError as error:
+            raise GatewayError(400, f"the body is not valid JSON: {error}", "invalid_json") from None
+        plan = plan_request(kind, body, key.tier, self.config)
+        admitted = await self.admit(key, plan)
+        queue = self.queues[plan.pool]
+        try:
+            await queue.acquire(self.config.tier_priority[plan.tier])
+        except AdmissionRefused as error:
+            await self.release(admitted)
+            raise GatewayError(
+                503, str(error), "queue_full", "server_error", retry_after_s=error.retry_after_s
+            ) from None
+        except BaseException:
+            await self.release(admitted)
+            raise
+        handed_over = False
+        try:
+            upstream = await self.client.send(self._request(plan), stream=True)
+            if upstream.status_code != 200 or not plan.stream:
+                try:
+                    content = await upstream.aread()
+                finally:
+                    await upstream.aclose()
+                return await self._whole(admitted, upstream.status_code, content)
+            # from here the relay owns the slot, the reservation and the upstream response; it is started
+            # at once so that its cleanup runs even if the client leaves before the body is sent
+            handed_over = True
+            relay = self._relay(admitted, upstream, queue)
+            first = await anext(relay, b"")
+            return StreamingResponse(
+                _prepend(first, relay),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        except httpx2.HTTPError as error:
+            raise GatewayError(
+                502, f"upstream pool {plan.pool!r} failed: {error!r}", "upstream_error", "server_error"
+            ) from None
+        finally:
+            if not handed_over:
+                queue.release()
+                await self.release(admitted)  # a no-op once charged
+
+    async def _whole(self, admitted: _Admitted, status: int, content: bytes) -> Response:
+        tier = admitted.plan.tier.value
+        if status != 200:
+            self.metrics.errors.labels(f"upstream_{status}").inc()
+            if _is_openai_error(content):  # the engine's own refusal: pass it on as it is
+                return Response(content, status_code=status, media_type="application/json")
+            raise GatewayError(
+                502,
+                f"upstream pool {admitted.plan.pool!r} answered HTTP {status}: {content[:200]!r}",
+                "upstream_error",
+                "server_error",
+            )
+        try:
+            usage = Usage.from_openai(json.loads(content).get("usage"))
+        except (ValueError, AttributeError, BadUsage) as error:
+            raise GatewayError(
+                502, f"upstream answered without a valid usage: {error}", "bad_upstream_usage", "server_error"
+            ) from None
+        cost = self.charge(admitted, usage)
+        self.metrics.latency.labels(tier).observe(time.monotonic() - admitted.arrived_s)
+        headers = {"X-Tether-Cost-USD": str(cost), "X-Tether-Request-Id": admitted.id}
+        return Response(content, status_code=200, media_type="application/json", headers=headers)
+
+    async def _relay(
+        self, admitted: _Admitted, upstream: httpx2.Response, queue: AdmissionQueue
+    ) -> AsyncGenerator[bytes, None]:
+        """Upstream's SSE events as they come; the usage event is read for the ledger, and dropped when
+        the client did not ask for it."""
+        tier = admitted.plan.tier.value
+        usage: Usage | None = None
+        buffer = b""
+        first = True
+        try:
+            async for chunk in upstream.aiter_bytes():
+                if first:
+                    self.metrics.ttft.labels(tier).observe(time.monotonic() - admitted.arrived_s)
+                    first = False
+                buffer += chunk
+                *events, buffer = buffer.split(b"\n\n")
+                out = []
+                for event in events:
+                    if b'"usage":{' in event or b'"usage": {' in event:
+                        with contextlib.suppress(ValueError, AttributeError, BadUsage):
+                            payload = json.loads(event.removeprefix(b"data: "))
+                            usage = Usage.from_openai(payload["usage"])
+                            if not admitted.plan.client_wants_usage and not payload.get("choices"):
+                                continue
+                    out.append(event + b"\n\n")
+                if out:
+                    yield b"".join(out)
+            if buffer:
+                yield buffer
+        finally:
+            await upstream.aclose()
+            queue.release()
+            if usage is not None:
+                self.charge(admitted, usage)
+            else:  # cut short: the tokens were possibly spent, so the reservation stands unsettled
+                admitted.settled = True
+                self.metrics.errors.labels("stream_incomplete").inc()
+                logger.warning("stream %s ended without usage; its reservation stays charged", admitted.id)
+            self.metrics.latency.labels(tier).observe(time.monotonic() - admitted.arrived_s)
+
+
+def create_gateway_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(title="tether gateway", summary="Tenants, tiers, prices and limits in front of engines")
+    app.state.gateway = gateway
+
+    @app.exception_handler(GatewayError)
+    async def refused(request: Request, error: GatewayError) -> JSONResponse:
+        gateway.metrics.errors.labels(error.code).inc()
+        return error.response()
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> Response:
+        return await gateway.handle("chat", request)
+
+    @app.post("/v1/completions", response_model=None)
+    async def text(request: Request) -> Response:
+        return await gateway.handle("text", request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        await gateway.authenticate(request.headers.get("authorization"))
+        cards = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "tether"}
+            for name in gateway.config.models
+        ]
+        return {"object": "list", "data": cards}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "queues": {name: q.depth for name, q in gateway.queues.items()}}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for name, queue in gateway.queues.items():
+            gateway.metrics.queue_depth.labels(name).set(queue.depth)
+            gateway.metrics.in_flight.labels(name).set(queue.in_flight)
+        return Response(generate_latest(gateway.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,172 @@
+"""The gateway's configuration: upstream engine pools, tiers, prices, default limits, the admission
+queue and where the ledger and shared limits live. One pydantic model, validated on load.
+
+Nothing here does I/O except `load_gateway_config`, which reads one TOML or JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from decimal import Decimal
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tether.errors import ConfigError, describe_validation_error
+
+
+class Tier(StrEnum):
+    STANDARD = "standard"
+    FAST = "fast"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(_Strict):
+    """USD per million tokens."""
+
+    input_cache_hit_per_mtok: Decimal = Field(Decimal("0.18"), ge=0)
+    input_cache_miss_per_mtok: Decimal = Field(Decimal("1.80"), ge=0)
+    output_per_mtok: Decimal = Field(Decimal("9.50"), ge=0)
+
+    @field_validator("*")
+    @classmethod
+    def _at_most_six_decimals(cls, value: Decimal) -> Decimal:
+        # the ledger counts whole pico-dollars: with <= 6 decimals per million tokens every cost is exact
+        exponent = value.as_tuple().exponent
+        if not isinstance(exponent, int) or exponent < -6:
+            raise ValueError(f"{value}: use at most 6 decimal places (USD per million tokens)")
+        return value
+
+    def scaled(self, factor: Decimal) -> Price:
+        return Price(
+            input_cache_hit_per_mtok=self.input_cache_hit_per_mtok * factor,
+            input_cache_miss_per_mtok=self.input_cache_miss_per_mtok * factor,
+            output_per_mtok=self.output_per_mtok * factor,
+        )
+
+
+DEFAULT_PRICES: dict[Tier, Price] = {Tier.STANDARD: Price(), Tier.FAST: Price().scaled(Decimal(2))}
+
+
+class Limits(_Strict):
+    """Limits of one key or one tenant; None means unlimited. Windows slide."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_window: int | None = Field(None, ge=1)
+    token_window_s: float = Field(600.0, gt=0)
+    budget_usd: Decimal | None = Field(None, gt=0)
+    budget_period_s: float = Field(30 * 86400.0, gt=0)
+
+
+class Pool(_Strict):
+    """Engines serving the same models; requests go round-robin over `urls`."""
+
+    urls: list[str] = Field(min_length=1)
+    max_in_flight: int = Field(64, ge=1)
+    """Requests sent to this pool at once; more wait in the admission queue."""
+    max_queued: int = Field(256, ge=0)
+    """Requests waiting for the pool; more are refused with 503."""
+    queue_deadline_s: float = Field(30.0, gt=0)
+    """Longest wait in the queue before a 503."""
+    send_priority: bool = True
+    """Send the tier's `priority` extension (tether's engine honours it; strict OpenAI servers may not)."""
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")) or url.rstrip("/").count("/") != 2:
+                raise ValueError(
+                    f"{url!r}: expected an engine's base URL like http://10.0.0.1:8000 (no path)"
+                )
+        return urls
+
+
+class ReservationEstimate(_Strict):
+    """How many tokens a request may use, reserved before it runs. With byte-level BPE tokenizers a token
+    covers at least one byte, so prompt UTF-8 bytes bound the prompt tokens; the template adds a few."""
+
+    per_request_tokens: int = Field(64, ge=0)
+    per_message_tokens: int = Field(8, ge=0)
+    default_max_tokens: int = Field(1024, ge=1)
+    """Sent upstream as `max_tokens` when the client gives none, so every request's output is bounded."""
+
+
+class GatewayConfig(_Strict):
+    models: dict[str, str] = Field(default_factory=lambda: {"default": "default"})
+    """Model name -> pool name."""
+    pools: dict[str, Pool] = Field(default_factory=lambda: {"default": Pool(urls=["http://127.0.0.1:8000"])})
+    fast_pools: dict[str, str] = Field(default_factory=dict)
+    """Model name -> pool dedicated to the fast tier (optional)."""
+    tier_priority: dict[Tier, int] = Field(default_factory=lambda: {Tier.STANDARD: 0, Tier.FAST: 10})
+    """The engine scheduler's `priority` per tier; higher is served first."""
+    prices: dict[str, dict[Tier, Price]] = Field(default_factory=dict)
+    """Model name -> tier -> price; models without an entry use the defaults."""
+    default_key_limits: Limits = Field(default_factory=Limits)
+    tenant_limits: dict[str, Limits] = Field(default_factory=dict)
+    default_tenant_limits: Limits = Field(default_factory=Limits)
+    estimate: ReservationEstimate = Field(default_factory=ReservationEstimate)
+    ledger_url: str = "sqlite:///.tether/gateway.db"
+    table_prefix: str = "gw_"
+    redis_url: str | None = None
+    """Shared limits for several gateway instances; None keeps them in this process."""
+    redis_prefix: str = "tether:gw:"
+    key_cache_s: float = Field(5.0, ge=0)
+    """How long a looked-up key is trusted; a revocation reaches running gateways within this time."""
+    upstream_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> GatewayConfig:
+        for model, pool in {**self.models, **self.fast_pools}.items():
+            if pool not in self.pools:
+                raise ValueError(f"model {model!r} uses pool {pool!r}; known pools: {sorted(self.pools)}")
+        for model in [*self.fast_pools, *self.prices]:
+            if model not in self.models:
+                raise ValueError(
+                    f"model {model!r} is configured but not served; models: {sorted(self.models)}"
+                )
+        missing = set(Tier) - set(self.tier_priority)
+        if missing:
+            raise ValueError(f"tier_priority: give every tier a priority; missing {sorted(missing)}")
+        if not self.table_prefix.replace("_", "").isalnum():
+            raise ValueError(f"table_prefix {self.table_prefix!r}: use letters, digits and underscores only")
+        return self
+
+    def price(self, model: str, tier: Tier) -> Price:
+        return self.prices.get(model, {}).get(tier) or DEFAULT_PRICES[tier]
+
+    def pool_for(self, model: str, tier: Tier) -> str:
+        if tier is Tier.FAST and model in self.fast_pools:
+            return self.fast_pools[model]
+        return self.models[model]
+
+    def tenant(self, name: str) -> Limits:
+        return self.tenant_limits.get(name, self.default_tenant_limits)
+
+
+def parse_gateway_config(data: dict[str, Any], source: str = "gateway config") -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, source, GatewayConfig)) from None
+
+
+def load_gateway_config(path: Path | None) -> GatewayConfig:
+    """The file's settings (TOML, or JSON when it ends in .json); the defaults when `path` is None."""
+    if path is None:
+        return GatewayConfig()
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"gateway config {path}: cannot read it: {error.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"gateway config {path}: not valid {path.suffix or 'TOML'}: {error}") from None
+    return parse_gateway_config(data, str(path))

@@ -1,0 +1,31 @@
+"""Refusals in OpenAI's error shape, with `Retry-After` where waiting helps."""
+
+from __future__ import annotations
+
+import math
+
+from fastapi.responses import JSONResponse
+
+from tether.errors import TetherError
+
+
+class GatewayError(TetherError):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
+        self.retry_after_s = retry_after_s
+
+    def response(self) -> JSONResponse:
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=headers)

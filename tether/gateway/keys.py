@@ -1,0 +1,137 @@
+"""API keys: generated once, shown once, stored only as a SHA-256 hash with their tenant, tier and limits.
+
+Keys carry 256 bits of randomness, so a fast hash is enough (no password stretching): the hash is the
+lookup index. Revocation is a timestamp; revoked keys stay listed for the ledger's sake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from tether.errors import ConfigError, TetherError
+from tether.gateway.config import Limits, Tier
+
+KEY_PREFIX = "tk-"
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class UnknownKey(TetherError, LookupError):
+    """No key with this id exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    key_id: str
+    tenant: str
+    tier: Tier
+    limits: Limits
+    name: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def check_tenant(tenant: str) -> str:
+    if not _TENANT.match(tenant):
+        raise ConfigError(
+            f"tenant {tenant!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return tenant
+
+
+class KeyStore:
+    def __init__(self, engine: Engine, prefix: str = "gw_", clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.meta = sa.MetaData()
+        self.table = sa.Table(
+            f"{prefix}keys",
+            self.meta,
+            sa.Column("key_id", sa.String(32), primary_key=True),
+            sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+            sa.Column("tenant", sa.String(64), nullable=False, index=True),
+            sa.Column("tier", sa.String(16), nullable=False),
+            sa.Column("limits", sa.Text, nullable=False),
+            sa.Column("name", sa.String(128), nullable=False),
+            sa.Column("created_at", sa.Float, nullable=False),
+            sa.Column("revoked_at", sa.Float),
+        )
+        self.meta.create_all(engine)
+
+    def create(self, tenant: str, tier: Tier, limits: Limits, name: str = "") -> tuple[str, ApiKey]:
+        """A new key: (the secret, to hand to the client once; its record)."""
+        check_tenant(tenant)
+        key_id = secrets.token_hex(6)
+        secret = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
+        record = ApiKey(key_id, tenant, tier, limits, name, self.clock())
+        with self.engine.begin() as conn:
+            conn.execute(
+                self.table.insert().values(
+                    key_id=key_id,
+                    key_hash=hash_key(secret),
+                    tenant=tenant,
+                    tier=tier.value,
+                    limits=limits.model_dump_json(exclude_defaults=True),
+                    name=name,
+                    created_at=record.created_at,
+                )
+            )
+        return secret, record
+
+    def lookup(self, secret: str) -> ApiKey | None:
+        """The key's record (revoked ones too), or None if no key has this secret."""
+        with self.engine.connect() as conn:
+            row = conn.execute(self.table.select().where(self.table.c.key_hash == hash_key(secret))).first()
+        return None if row is None else self._record(row)
+
+    def list(self, tenant: str | None = None) -> list[ApiKey]:
+        query = self.table.select().order_by(self.table.c.created_at)
+        if tenant is not None:
+            query = query.where(self.table.c.tenant == tenant)
+        with self.engine.connect() as conn:
+            return [self._record(row) for row in conn.execute(query)]
+
+    def revoke(self, key_id: str) -> ApiKey:
+        with self.engine.begin() as conn:
+            found = conn.execute(
+                self.table.update()
+                .where(self.table.c.key_id == key_id, self.table.c.revoked_at.is_(None))
+                .values(revoked_at=self.clock())
+            ).rowcount
+            row = conn.execute(self.table.select().where(self.table.c.key_id == key_id)).first()
+        if row is None:
+            raise UnknownKey(f"key id {key_id!r}: no such key; `tether gateway keys list` shows the ids")
+        if not found:
+            raise ConfigError(f"key id {key_id!r}: already revoked")
+        return self._record(row)
+
+    def drop(self) -> None:
+        self.meta.drop_all(self.engine)
+
+    @staticmethod
+    def _record(row: sa.Row[tuple[object, ...]]) -> ApiKey:
+        m = row._mapping
+        return ApiKey(
+            str(m["key_id"]),
+            str(m["tenant"]),
+            Tier(m["tier"]),
+            Limits.model_validate_json(str(m["limits"])),
+            str(m["name"]),
+            float(m["created_at"]),
+            None if m["revoked_at"] is None else float(m["revoked_at"]),
+        )

@@ -1,0 +1,181 @@
+"""The usage ledger: one row per request (tokens, exact cost, tier, model), and per tenant and day the
+running spend that budgets and invoices read, both written in one transaction so they never disagree.
+
+Costs are stored as whole pico-dollars (exact: prices have at most 6 decimals per million tokens), so SQL
+sums are exact on SQLite and PostgreSQL alike. The ledger knows nothing of HTTP or limits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from tether.gateway.config import Tier
+from tether.gateway.pricing import Usage
+
+PICO_PER_USD = Decimal(10) ** 12
+
+
+def to_pico_usd(amount: Decimal) -> int:
+    pico = amount * PICO_PER_USD
+    assert pico == pico.to_integral_value(), f"cost {amount} is finer than a pico-dollar"
+    return int(pico)
+
+
+def day_of(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d")
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    request_id: str
+    at: float
+    tenant: str
+    key_id: str
+    model: str
+    tier: Tier
+    usage: Usage
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    day: str
+    model: str
+    tier: Tier
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+
+
+class Ledger:
+    def __init__(self, engine: Engine, prefix: str = "gw_") -> None:
+        self.engine = engine
+        self.meta = sa.MetaData()
+        self.rows = sa.Table(
+            f"{prefix}usage",
+            self.meta,
+            sa.Column("request_id", sa.String(64), primary_key=True),
+            sa.Column("at", sa.Float, nullable=False),
+            sa.Column("day", sa.String(10), nullable=False),
+            sa.Column("tenant", sa.String(64), nullable=False),
+            sa.Column("key_id", sa.String(32), nullable=False),
+            sa.Column("model", sa.String(128), nullable=False),
+            sa.Column("tier", sa.String(16), nullable=False),
+            sa.Column("prompt_tokens", sa.Integer, nullable=False),
+            sa.Column("cached_tokens", sa.Integer, nullable=False),
+            sa.Column("completion_tokens", sa.Integer, nullable=False),
+            sa.Column("cost_pusd", sa.BigInteger, nullable=False),
+            sa.Index(f"{prefix}usage_tenant_at", "tenant", "at"),
+        )
+        self.spend = sa.Table(
+            f"{prefix}spend",
+            self.meta,
+            sa.Column("tenant", sa.String(64), primary_key=True),
+            sa.Column("day", sa.String(10), primary_key=True),
+            sa.Column("requests", sa.BigInteger, nullable=False),
+            sa.Column("tokens", sa.BigInteger, nullable=False),
+            sa.Column("cost_pusd", sa.BigInteger, nullable=False),
+        )
+        self.meta.create_all(engine)
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    def record(self, charges: list[Charge]) -> None:
+        """The requests' rows and their tenants' daily spend, in one transaction: all or nothing."""
+        totals: dict[tuple[str, str], list[int]] = {}
+        rows = []
+        for charge in charges:
+            pico = to_pico_usd(charge.cost_usd)
+            day = day_of(charge.at)
+            usage = charge.usage
+            total = totals.setdefault((charge.tenant, day), [0, 0, 0])
+            total[0] += 1
+            total[1] += usage.total_tokens
+            total[2] += pico
+            rows.append(
+                {
+                    "request_id": charge.request_id,
+                    "at": charge.at,
+                    "day": day,
+                    "tenant": charge.tenant,
+                    "key_id": charge.key_id,
+                    "model": charge.model,
+                    "tier": charge.tier.value,
+                    "prompt_tokens": usage.prompt_tokens,
+                    "cached_tokens": usage.cached_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "cost_pusd": pico,
+                }
+            )
+        if not rows:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(self.rows.insert(), rows)
+            for (tenant, day), (requests, tokens, pico) in totals.items():
+                spend = self._insert(self.spend).values(
+                    tenant=tenant, day=day, requests=requests, tokens=tokens, cost_pusd=pico
+                )
+                conn.execute(
+                    spend.on_conflict_do_update(
+                        index_elements=["tenant", "day"],
+                        set_={
+                            "requests": self.spend.c.requests + requests,
+                            "tokens": self.spend.c.tokens + tokens,
+                            "cost_pusd": self.spend.c.cost_pusd + pico,
+                        },
+                    )
+                )
+
+    def report(self, tenant: str, since: float) -> list[UsageRow]:
+        """Tokens and cost of `tenant` since `since` (epoch seconds), by day, model and tier."""
+        c = self.rows.c
+        query = (
+            sa.select(
+                c.day,
+                c.model,
+                c.tier,
+                sa.func.count(),
+                sa.func.sum(c.prompt_tokens),
+                sa.func.sum(c.cached_tokens),
+                sa.func.sum(c.completion_tokens),
+                sa.func.sum(c.cost_pusd),
+            )
+            .where(c.tenant == tenant, c.at >= since)
+            .group_by(c.day, c.model, c.tier)
+            .order_by(c.day, c.model, c.tier)
+        )
+        with self.engine.connect() as conn:
+            return [
+                UsageRow(
+                    str(day),
+                    str(model),
+                    Tier(tier),
+                    int(n),
+                    int(p),
+                    int(h),
+                    int(o),
+                    Decimal(int(pico)) / PICO_PER_USD,
+                )
+                for day, model, tier, n, p, h, o, pico in conn.execute(query)
+            ]
+
+    def daily_spend(self, tenant: str, day: str) -> tuple[int, int, Decimal]:
+        """(requests, tokens, cost) of `tenant` on `day` from the running totals."""
+        c = self.spend.c
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(c.requests, c.tokens, c.cost_pusd).where(c.tenant == tenant, c.day == day)
+            ).first()
+        if row is None:
+            return 0, 0, Decimal(0)
+        return int(row[0]), int(row[1]), Decimal(int(row[2])) / PICO_PER_USD
+
+    def drop(self) -> None:
+        self.meta.drop_all(self.engine)

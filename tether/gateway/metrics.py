@@ -1,0 +1,48 @@
+"""The gateway's Prometheus metrics, in one registry per gateway app (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "tether_gateway_requests", "Requests by tier and HTTP status.", ["tier", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "tether_gateway_request_latency_seconds",
+            "Time from arrival to the last byte.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tether_gateway_time_to_first_token_seconds",
+            "Time from arrival to the first streamed content chunk.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "tether_gateway_errors", "Refused or failed requests by error code.", ["code"], registry=r
+        )
+        self.tokens = Counter(
+            "tether_gateway_tokens",
+            "Tokens by tenant, tier and kind.",
+            ["tenant", "tier", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "tether_gateway_cost_usd", "Billed USD by tenant and tier.", ["tenant", "tier"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "tether_gateway_queue_depth", "Requests waiting for a pool.", ["pool"], registry=r
+        )
+        self.in_flight = Gauge(
+            "tether_gateway_in_flight", "Requests running in a pool.", ["pool"], registry=r
+        )

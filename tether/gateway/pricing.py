@@ -1,0 +1,75 @@
+"""Token pricing: the exact cost of a request from the engine's reported usage, and the worst-case cost
+reserved before it runs. Pure decimal arithmetic; no I/O, no floats."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from tether.errors import TetherError
+from tether.gateway.config import Price
+
+MILLION = Decimal(1_000_000)
+NANO_PER_USD = Decimal(1_000_000_000)
+
+
+class BadUsage(TetherError, ValueError):
+    """The upstream's `usage` object is missing or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+    def __post_init__(self) -> None:
+        if min(self.prompt_tokens, self.cached_tokens, self.completion_tokens) < 0:
+            raise BadUsage(f"usage {self}: token counts must be >= 0")
+        if self.cached_tokens > self.prompt_tokens:
+            raise BadUsage(f"usage {self}: cached_tokens exceeds prompt_tokens")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_openai(cls, usage: Any) -> Usage:
+        """From an OpenAI `usage` object; `prompt_tokens_details.cached_tokens` may be absent (0)."""
+        if not isinstance(usage, dict):
+            raise BadUsage(f"usage {usage!r}: expected an object")
+        details = usage.get("prompt_tokens_details") or {}
+        values = (
+            usage.get("prompt_tokens"),
+            details.get("cached_tokens", 0) or 0,
+            usage.get("completion_tokens"),
+        )
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in values):
+            raise BadUsage(
+                f"usage {usage!r}: prompt_tokens, completion_tokens and cached_tokens must be integers"
+            )
+        return cls(*values)  # type: ignore[arg-type]  # checked just above
+
+
+def cost_usd(usage: Usage, price: Price) -> Decimal:
+    """Cache hits, cache misses and output, each at its own price per million tokens; exact."""
+    missed = usage.prompt_tokens - usage.cached_tokens
+    total = (
+        usage.cached_tokens * price.input_cache_hit_per_mtok
+        + missed * price.input_cache_miss_per_mtok
+        + usage.completion_tokens * price.output_per_mtok
+    )
+    return total / MILLION
+
+
+def worst_case_usd(prompt_tokens: int, completion_tokens: int, price: Price) -> Decimal:
+    """The most a request can cost: every prompt token a cache miss (or a hit, if hits cost more)."""
+    input_price = max(price.input_cache_miss_per_mtok, price.input_cache_hit_per_mtok)
+    return (prompt_tokens * input_price + completion_tokens * price.output_per_mtok) / MILLION
+
+
+def to_nano_usd(amount: Decimal) -> int:
+    """Whole nano-dollars, rounded up, for the integer limit counters (the ledger keeps exact decimals)."""
+    return math.ceil(amount * NANO_PER_USD)
