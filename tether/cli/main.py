@@ -19,6 +19,7 @@ from tether.cli.gateway import app as gateway_app
 from tether.cli.jobs import app as jobs_app
 from tether.cli.serve import serve_command
 from tether.cli.sim import sim_command
+from tether.cli.train import train_command
 from tether.cli.worker import worker_command
 from tether.config import TetherSettings
 
@@ -30,6 +31,7 @@ app.add_typer(envs.app, name="envs")
 app.command("serve")(serve_command)
 app.command("eval")(eval_command)
 app.command("sim")(sim_command)
+app.command("train")(train_command)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
 app.add_typer(gateway_app, name="gateway")

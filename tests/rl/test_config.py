@@ -1,0 +1,102 @@
+"""TrainConfig: TOML in, every bad value named with what would be accepted, and a faithful round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.errors import ConfigError
+from tether.rl.advantages import AdvantageKind
+from tether.rl.config import Mode, Schedule, dump_config, load_config, parse_config
+from tether.rl.learner import lr_multiplier
+
+MINIMAL: dict[str, Any] = {"envs": {"weights": {"math/arithmetic": 1.0}}}
+
+
+def test_minimal_config_takes_safe_defaults() -> None:
+    config = parse_config(MINIMAL)
+    assert config.run.mode is Mode.SYNC
+    assert config.algorithm.advantage is AdvantageKind.GRPO
+    assert config.run_dir == Path("runs/run")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "envs = {}: Field required"),
+        ({"envs": {"weights": {}}}, "envs.weights = {}"),
+        ({**MINIMAL, "optimizer": {}}, "unknown key 'optimizer'; known keys: algorithm, envs, model"),
+        ({**MINIMAL, "optim": {"learning_rate": 1}}, "unknown key 'optim.learning_rate'; known keys: beta1"),
+        ({**MINIMAL, "optim": {"lr": -1}}, "optim.lr = -1: Input should be greater than 0"),
+        ({**MINIMAL, "algorithm": {"advantage": "ppo"}}, "advantage = 'ppo': Input should be 'grpo'"),
+        ({**MINIMAL, "algorithm": {"aggregation": "mean"}}, "algorithm.aggregation = 'mean'"),
+        ({**MINIMAL, "algorithm": {"clip_low": 1.0}}, "clip_low = 1.0: Input should be less than 1"),
+        ({**MINIMAL, "rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt = 0"),
+        ({**MINIMAL, "rollout": {"temperature": 0}}, "temperature = 0: Input should be greater than 0"),
+        ({**MINIMAL, "model": {"device": "gpu"}}, "model.device = 'gpu': String should match pattern"),
+        ({"envs": {"weights": {"math/arithmetic": 0.0}}}, "every weight must be a positive number"),
+        ({"envs": {"weights": {"math/arithmetic": float("nan")}}}, "every weight must be a positive number"),
+        ({**MINIMAL, "run": {"mode": "fast"}}, "run.mode = 'fast': Input should be 'sync' or 'async'"),
+        ({**MINIMAL, "run": {"name": "../x"}}, "run.name = '../x': String should match pattern"),
+        (
+            {**MINIMAL, "algorithm": {"advantage": "rloo"}, "rollout": {"samples_per_prompt": 1}},
+            "'rloo' needs rollout.samples_per_prompt >= 2",
+        ),
+        (
+            {**MINIMAL, "algorithm": {"overlong_buffer_tokens": 65}},
+            "overlong_buffer_tokens = 65 exceeds rollout.max_new_tokens = 64",
+        ),
+    ],
+)
+def test_bad_values_are_named(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^config: ") as info:
+        parse_config(raw)
+    assert message in str(info.value)
+
+
+def test_toml_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[envs\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(bad)
+
+
+def test_dump_reads_back_to_an_equal_config(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "model": {"name": 'we"ird', "cache_dir": "/tmp/c"},
+            "envs": {"weights": {"rg/*": 2.0, "math/arithmetic": 0.5}, "seed_offset": 9},
+            "algorithm": {"advantage": "dr_grpo", "drop_equal_groups": True, "clip_high": 0.28},
+            "optim": {"schedule": "cosine", "warmup_steps": 3, "lr": 3e-5},
+            "run": {"out_dir": "somewhere", "mode": "sync"},
+        }
+    )
+    path = tmp_path / "config.toml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).parents[2] / "configs").glob("*.toml")))
+def test_every_example_config_is_valid(example: Path) -> None:
+    load_config(example)
+
+
+@pytest.mark.parametrize(
+    ("step", "schedule", "expected"),
+    [
+        (0, Schedule.CONSTANT, 0.5),  # warm-up: (0 + 1) / 2
+        (1, Schedule.CONSTANT, 1.0),
+        (7, Schedule.CONSTANT, 1.0),
+        (2, Schedule.LINEAR, 1.0),  # decay starts after warm-up: 10 - 2 = 8 decay steps
+        (6, Schedule.LINEAR, 0.5),
+        (10, Schedule.LINEAR, 0.0),
+        (6, Schedule.COSINE, 0.5),
+        (10, Schedule.COSINE, 0.0),
+    ],
+)
+def test_lr_schedule(step: int, schedule: Schedule, expected: float) -> None:
+    assert lr_multiplier(step, warmup_steps=2, total_steps=10, schedule=schedule) == pytest.approx(expected)

@@ -1,0 +1,135 @@
+"""The training forward recomputes exactly the logprobs the engine recorded, and carries gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tether.engine.llm_engine import LLMEngine
+from tether.engine.sampling import SamplingParams
+from tether.models import load
+from tether.models.dense import DenseBatch, token_logprobs
+
+PROMPTS = [[5, 17, 33, 2, 90], [44, 12], [7, 7, 7, 7, 7, 7, 7, 7, 8]]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "temperature", "layout"),
+    [("qwen3", 1.0, "padded"), ("llama", 0.7, "packed"), ("qwen3", 0.0, "shared")],
+)
+def test_dense_logprobs_equal_engine_recorded_logprobs(
+    tiny_model: Callable[[str], Path], architecture: str, temperature: float, layout: str
+) -> None:
+    folder = tiny_model(architecture)
+    engine, _ = LLMEngine.from_pretrained(folder, kv_cache_mib=4, seed=3)
+    params = SamplingParams(n=2, temperature=temperature, max_tokens=24, seed=11, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    sequences, targets, recorded = [], [], []
+    for output in outputs:
+        for completion in output.completions:
+            sequences.append(output.prompt_token_ids + completion.token_ids)
+            targets.append((len(output.prompt_token_ids), len(sequences[-1])))
+            recorded.append(torch.tensor(completion.logprobs))
+    model, _, _ = load(folder)
+    if layout == "shared":  # each prompt once, its two samples attending to it
+        groups = [(o.prompt_token_ids, [c.token_ids for c in o.completions]) for o in outputs]
+        batch = DenseBatch.shared_prefix(groups)
+    else:
+        batch = DenseBatch.padded(sequences) if layout == "padded" else DenseBatch.packed(sequences, 64)
+    with torch.no_grad():
+        ours = token_logprobs(model, batch, targets, temperature)
+    for mine, theirs in zip(ours, recorded, strict=True):
+        assert mine.shape == theirs.shape
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=0), (mine - theirs).abs().max()
+
+
+def test_packing_fills_rows_first_fit() -> None:
+    batch = DenseBatch.packed([[1] * 5, [2] * 4, [3] * 3, [4] * 9], row_tokens=8)
+    assert [(row, cols[0], len(cols)) for row, cols in batch.columns] == [
+        (0, 0, 5),
+        (1, 0, 4),
+        (0, 5, 3),
+        (2, 0, 9),
+    ]
+    assert batch.segments[0].tolist() == [1, 1, 1, 1, 1, 2, 2, 2, 0]
+    assert batch.positions[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0]
+
+
+def test_packed_sequences_do_not_attend_to_each_other() -> None:
+    mask = DenseBatch.packed([[1, 2], [3, 4]], row_tokens=4).attention_mask()[0, 0]
+    assert mask.tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [False, False, True, False],
+        [False, False, True, True],
+    ]
+
+
+def test_gradients_flow_to_every_parameter(tiny_model: Callable[[str], Path]) -> None:
+    model, _, _ = load(tiny_model("qwen3"))
+    model.requires_grad_(True)
+    (logprobs,) = token_logprobs(model, DenseBatch.padded([[3, 4, 5, 6]]), [(1, 4)])
+    torch.autograd.backward(logprobs.sum())
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [([(0, 2)], r"target range \(0, 2\)"), ([(1, 5)], r"target range \(1, 5\)"), ([], "0 target ranges")],
+)
+def test_bad_target_ranges_are_named(
+    tiny_model: Callable[[str], Path], targets: list[tuple[int, int]], message: str
+) -> None:
+    model, _, _ = load(tiny_model("llama"))
+    with pytest.raises(ValueError, match=message):
+        token_logprobs(model, DenseBatch.padded([[1, 2, 3, 4]]), targets)
+
+
+def test_empty_sequences_are_refused() -> None:
+    with pytest.raises(ValueError, match="no empty sequence"):
+        DenseBatch.padded([[1], []])
+
+
+def test_shared_prefix_mask_lets_samples_see_the_prompt_but_not_each_other() -> None:
+    batch = DenseBatch.shared_prefix([([1, 2], [[3], [4, 5]])])
+    assert batch.positions[0].tolist() == [0, 1, 2, 2, 3]
+    mask = batch.attention_mask()[0, 0].int().tolist()
+    assert mask == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 0, 1, 1],
+    ]
+    assert batch.columns == ((0, (0, 1, 2)), (0, (0, 1, 3, 4)))
+
+
+def test_shared_prefix_gives_the_padded_logprobs_and_gradients(tiny_model: Callable[[str], Path]) -> None:
+    prompt, samples = [5, 6, 7, 8], [[9, 10, 11], [12], [13, 14]]
+    targets = [(len(prompt), len(prompt) + len(c)) for c in samples]
+    results = []
+    for batch in (
+        DenseBatch.padded([prompt + c for c in samples]),
+        DenseBatch.shared_prefix([(prompt, samples)]),
+    ):
+        model, _, _ = load(tiny_model("llama"))
+        model.requires_grad_(True)
+        logprobs = token_logprobs(model, batch, targets)
+        torch.autograd.backward(torch.cat(logprobs).sum())
+        results.append((torch.cat(logprobs).detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (padded, padded_grads), (shared, shared_grads) = results
+    assert torch.allclose(padded, shared, atol=1e-5)
+    for name, grad in padded_grads.items():
+        other = shared_grads[name]
+        assert grad is not None and other is not None
+        assert torch.allclose(grad, other, atol=1e-5), name
+
+
+@pytest.mark.parametrize("groups", [[([], [[1]])], [([1], [])], [([1], [[2], []])]])
+def test_shared_prefix_refuses_empty_pieces(groups: list[tuple[list[int], list[list[int]]]]) -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        DenseBatch.shared_prefix(groups)

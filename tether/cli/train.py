@@ -1,0 +1,101 @@
+"""`tether train`: run an RL job from a TOML config (or resume one) with a live view of every step.
+
+The run directory (`run.out_dir/run.name`) receives `config.toml`, `metrics.jsonl`, `transcripts.jsonl`
+and `checkpoints/`. SIGTERM or Ctrl-C finishes the current step and checkpoints it (`Trainer.run`);
+`--resume RUN_DIR` continues from the latest checkpoint with the run's own `config.toml`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tether.cli.common import fail, pool_config, state, user_errors
+
+if TYPE_CHECKING:
+    from tether.rl.config import TrainConfig
+
+console = Console()
+
+
+def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
+    """The live view of the latest step: progress, timings, throughput, staleness, rewards per domain."""
+    step, steps = int(metrics["step"]), config.run.steps
+    head = Text.assemble(
+        (f"{config.run.name} ", "bold"),
+        f"step {step}/{steps}  reward {metrics['reward']:.3f}  pass {metrics['pass_rate']:.1%}  "
+        f"{metrics['tokens_per_s']:.0f} tok/s  staleness {metrics['staleness_mean']:.2f}  "
+        f"loss {metrics.get('learner/loss', 0.0):+.4f}",
+    )
+    timing = Text(
+        f"step {metrics['time/step_s']:.1f}s = generate {metrics['time/generate_s']:.1f}s + "
+        f"score {metrics['time/score_s']:.1f}s + learn {metrics['time/learn_s']:.1f}s + "
+        f"push {metrics['time/push_s']:.2f}s",
+        style="dim",
+    )
+    table = Table(box=None, pad_edge=False)
+    for column in ("domain", "rollouts", "reward", "pass", "tokens", "truncated", "sandbox s"):
+        table.add_column(column, justify="left" if column == "domain" else "right")
+    domains = sorted(
+        {key.split("/")[1] + "/" + key.split("/")[2] for key in metrics if key.startswith("domain/")}
+    )
+    for domain in domains:
+        prefix = f"domain/{domain}/"
+        table.add_row(
+            domain,
+            f"{metrics[prefix + 'rollouts']:.0f}",
+            f"{metrics[prefix + 'reward']:.3f}",
+            f"{metrics[prefix + 'pass_rate']:.1%}",
+            f"{metrics[prefix + 'response_tokens']:.1f}",
+            f"{metrics[prefix + 'truncation_rate']:.1%}",
+            f"{metrics[prefix + 'sandbox_s']:.2f}",
+        )
+    return Group(head, timing, table)
+
+
+def train_command(
+    ctx: typer.Context,
+    config_file: Annotated[
+        Path | None, typer.Option("--config", help="Training config (TOML); see configs/ for examples.")
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Run directory to continue from its latest checkpoint.")
+    ] = None,
+) -> None:
+    """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""
+    if (config_file is None) == (resume is None):
+        fail("give exactly one of --config FILE.toml (a new run) or --resume RUN_DIR")
+    # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
+    from tether.envs.base import SandboxProvider
+    from tether.models import configure_threads
+    from tether.rl.config import load_config
+    from tether.rl.trainer import build_trainer
+
+    with user_errors():
+        settings = state(ctx).settings()
+        if resume is not None:
+            config = load_config(resume / "config.toml")
+            run = config.run.model_copy(update={"out_dir": resume.parent, "name": resume.name})
+            config = config.model_copy(update={"run": run})
+        else:
+            assert config_file is not None
+            config = load_config(config_file)
+        if config.model.cache_dir is None:
+            model = config.model.model_copy(update={"cache_dir": settings.cache_dir})
+            config = config.model_copy(update={"model": model})
+        configure_threads()
+        sandbox = SandboxProvider(settings.sandbox.spec, pool_config(settings))
+        trainer = build_trainer(config, sandbox=sandbox, resume=resume is not None)
+    try:
+        with Live(Text(f"{config.run.name}: first step..."), console=console, refresh_per_second=2) as live:
+            trainer.run(on_step=lambda metrics: live.update(step_view(config, metrics)))
+    finally:
+        trainer.close()
+    stopped = " (stopped early: resume with --resume)" if trainer.step < config.run.steps else ""
+    console.print(f"run written to {trainer.run_dir} (step {trainer.step}/{config.run.steps}){stopped}")

@@ -1,0 +1,178 @@
+"""Rollouts: draw prompts from an environment mixture, sample n completions each with the engine, score.
+
+Plan (`plan_prompts`, pure: which environment and task seed each prompt of a step gets, from per-domain
+cursors) -> run (`generate_groups`: one engine request per prompt with `SamplingParams(n=...)`, so the n
+samples share the prompt's KV blocks) -> score (`score_groups`: every reward component kept). A rollout
+carries token ids, the behaviour logprobs and the policy version of every generated token, so the
+learner never re-tokenizes and can correct for staleness. Single-turn environments only, for now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from tether.engine.sampling import SamplingParams
+from tether.engine.sequence import FinishReason
+from tether.envs.base import Score, ScoringContext, Task
+from tether.envs.registry import EnvRegistry, Mixture
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tether.engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPlan:
+    env: str
+    seed: int  # task seed
+    group: int  # index of the prompt within its step
+    sample_seed: int  # seeds the n samples (sample i uses sample_seed + i)
+
+
+@dataclass(slots=True)
+class Rollout:
+    """One completion of one prompt, with everything the learner and the metrics need."""
+
+    env: str
+    seed: int
+    group: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # behaviour logprob of each completion token
+    versions: list[int]  # policy version that generated each completion token
+    finish_reason: str
+    text: str = ""
+    reward: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+    passed: bool = False
+    sandbox_time_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == FinishReason.LENGTH.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "seed": self.seed,
+            "group": self.group,
+            "text": self.text,
+            "reward": self.reward,
+            "components": self.components,
+            "passed": self.passed,
+            "finish_reason": self.finish_reason,
+            "completion_tokens": len(self.completion_ids),
+            "policy_versions": sorted(set(self.versions)),
+            "error": self.error,
+        }
+
+
+def _derive(*parts: object) -> int:
+    """A stable 62-bit seed from its parts (Python's hash() is salted per process)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
+
+
+def plan_prompts(
+    mixture: Mixture, cursors: dict[str, int], count: int, seed: int, step: int, seed_offset: int = 0
+) -> tuple[list[PromptPlan], dict[str, int]]:
+    """The prompts of one step and the advanced cursors; the same inputs always give the same plan.
+
+    Environments are drawn by weight; each domain hands out task seeds seed_offset + 0, 1, 2, ... in
+    order, so no training prompt repeats within a domain until its cursor wraps (it does not)."""
+    rng = random.Random(_derive("plan", seed, step))
+    names, weights = mixture.names, [weight for _, weight in mixture.entries]
+    advanced = {name: cursors.get(name, 0) for name in names}
+    plans = []
+    for group in range(count):
+        name = rng.choices(names, weights)[0]
+        plans.append(
+            PromptPlan(name, seed_offset + advanced[name], group, _derive("sample", seed, step, group))
+        )
+        advanced[name] += 1
+    return plans, advanced
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
+    ids: Any = tokenizer.apply_chat_template(
+        task.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]
+
+
+def generate_groups(
+    engine: LLMEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    registry: EnvRegistry,
+    plans: Sequence[PromptPlan],
+    params: SamplingParams,
+) -> tuple[list[Task], list[Rollout]]:
+    """Generate n completions per planned prompt in one continuous batch; rollouts are unscored."""
+    tasks = []
+    for plan in plans:
+        env = registry.get(plan.env)
+        assert not env.multi_turn, "multi-turn episodes are not rolled out by generate_groups"
+        tasks.append(env.task(plan.seed))
+    prompts = [encode_prompt(tokenizer, task) for task in tasks]
+    request_ids = [f"rollout-{plan.sample_seed}-{plan.group}" for plan in plans]
+    for request_id, prompt, plan in zip(request_ids, prompts, plans, strict=True):
+        engine.add_request(request_id, prompt, replace(params, seed=plan.sample_seed))
+    outputs: dict[str, Any] = {}
+    pending = set(request_ids)
+    while pending:
+        for output in engine.step():
+            if output.finished and output.request_id in pending:
+                outputs[output.request_id] = output
+                pending.discard(output.request_id)
+    rollouts = []
+    for request_id, plan in zip(request_ids, plans, strict=True):
+        output = outputs[request_id]
+        for completion in output.completions:
+            assert completion.finish_reason is not None
+            rollouts.append(
+                Rollout(
+                    env=plan.env,
+                    seed=plan.seed,
+                    group=plan.group,
+                    prompt_ids=list(output.prompt_token_ids),
+                    completion_ids=list(completion.token_ids),
+                    logprobs=list(completion.logprobs),
+                    versions=list(completion.versions),
+                    finish_reason=completion.finish_reason.value,
+                    text=str(tokenizer.decode(completion.token_ids, skip_special_tokens=True)),
+                )
+            )
+    return tasks, rollouts
+
+
+async def score_groups(
+    registry: EnvRegistry,
+    tasks: Sequence[Task],
+    rollouts: Sequence[Rollout],
+    ctx: ScoringContext,
+) -> None:
+    """Score every rollout in place, concurrently; a reward function that fails scores 0 with its error."""
+    by_group = {task_index: task for task_index, task in enumerate(tasks)}
+
+    async def one(rollout: Rollout) -> None:
+        task = by_group[rollout.group]
+        child = ctx.child()
+        try:
+            score: Score = await registry.get(rollout.env).score(task, rollout.text, child)
+        except Exception as error:  # one broken scorer must not stop training
+            rollout.error = f"{type(error).__name__}: {error}"
+            rollout.sandbox_time_s = child.sandbox_time_s
+            return
+        rollout.reward = score.total
+        rollout.components = dict(score.components)
+        rollout.passed = score.passed
+        rollout.sandbox_time_s = score.sandbox_time_s
+
+    await asyncio.gather(*(one(rollout) for rollout in rollouts))

@@ -1,0 +1,344 @@
+"""The RL loop: plan prompts -> generate and score rollouts -> learn -> push weights -> record.
+
+`Trainer` wires an engine (rollouts), a `Learner` (updates), environments (scoring) and a run directory
+(`config.toml`, `metrics.jsonl`, `transcripts.jsonl`, `checkpoints/`). A policy version is the number of
+completed steps. Sync mode generates each batch with the current weights (staleness 0); async mode
+(`pipeline.py`) generates ahead on a rollout thread within `max_staleness` versions. Everything random is
+derived from (seed, step), and checkpoints hold the rest, so a resumed run repeats an uninterrupted one.
+The trainer does no printing: callers watch it through the `on_step` callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tether.engine.sampling import SamplingParams
+from tether.envs.base import SandboxProvider, ScoringContext, Task
+from tether.envs.registry import EnvRegistry, Mixture, default_registry, mixture_from_weights
+from tether.errors import ConfigError
+from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
+from tether.rl.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_extra,
+    save_checkpoint,
+    truncate_metrics,
+)
+from tether.rl.config import AlgorithmSection, Mode, TrainConfig, dump_config
+from tether.rl.learner import Learner, Sample
+from tether.rl.metrics import domain_metrics, staleness
+from tether.rl.pipeline import WeightStore, run_async
+from tether.rl.rollout import Rollout, generate_groups, plan_prompts, score_groups
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tether.engine.llm_engine import LLMEngine
+
+Metrics = dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """What rollout generation hands the learner for one step."""
+
+    step: int
+    tasks: list[Task]
+    rollouts: list[Rollout]
+    cursors: dict[str, int]  # the per-domain cursors after this step's prompts
+    generate_s: float
+    score_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    samples: list[Sample]
+    dropped_groups: int
+    rewards_shaped_mean: float
+
+
+def to_samples(
+    rollouts: Sequence[Rollout], algorithm: AlgorithmSection, group_size: int, max_new_tokens: int
+) -> Batch:
+    """Group rollouts by prompt, shape rewards, compute advantages, drop uninformative groups if asked.
+
+    `rollouts` come `group_size` per prompt, prompts in order (as `generate_groups` returns them)."""
+    assert len(rollouts) % group_size == 0, "rollouts must come in whole groups"
+    groups = len(rollouts) // group_size
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(groups, group_size)
+    if algorithm.overlong_buffer_tokens > 0:
+        lengths = torch.tensor([len(r.completion_ids) for r in rollouts]).view(groups, group_size)
+        rewards = rewards + overlong_penalty(lengths, max_new_tokens, algorithm.overlong_buffer_tokens)
+    advantages = compute_advantages(algorithm.advantage, rewards)
+    keep = (
+        informative_groups(rewards) if algorithm.drop_equal_groups else torch.ones(groups, dtype=torch.bool)
+    )
+    samples = []
+    for index, rollout in enumerate(rollouts):
+        group, member = divmod(index, group_size)
+        if keep[group]:
+            samples.append(
+                Sample(
+                    token_ids=rollout.prompt_ids + rollout.completion_ids,
+                    completion_start=len(rollout.prompt_ids),
+                    behaviour_logprobs=list(rollout.logprobs),
+                    advantage=float(advantages[group, member]),
+                )
+            )
+    return Batch(samples, int((~keep).sum()), float(rewards.mean()))
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        engine: LLMEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        learner: Learner,
+        registry: EnvRegistry,
+        ctx: ScoringContext,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.learner = learner
+        self.registry = registry
+        self.mixture: Mixture = mixture_from_weights(registry, config.envs.weights)
+        multi_turn = [name for name in self.mixture.names if registry.get(name).multi_turn]
+        if multi_turn:
+            raise ConfigError(
+                f"envs.weights names multi-turn environments {multi_turn}: the trainer runs single-turn "
+                "environments only for now"
+            )
+        self.ctx = ctx
+        self.clock = clock
+        self.run_dir = config.run_dir
+        self.step = 0  # completed steps
+        self.cursors: dict[str, int] = {}
+        self.stop_requested = False
+        self.weight_store = WeightStore()  # async mode: the policy versions batches are generated with
+        # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
+        self._loop = asyncio.new_event_loop()
+        rollout = config.rollout
+        self.params = SamplingParams(
+            max_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            n=rollout.samples_per_prompt,
+        )
+
+    # --- run directory -----------------------------------------------------------------------------
+
+    def start_run_dir(self, resume: bool) -> None:
+        """Create the run directory, or (resume) reload the latest checkpoint from it."""
+        if resume:
+            checkpoint = latest_checkpoint(self.run_dir)
+            load_checkpoint(checkpoint, self.learner.model, self.learner.optimizer, self.learner.scheduler)
+            self.step = checkpoint.step
+            self.cursors = {k: int(v) for k, v in checkpoint.trainer["cursors"].items()}
+            self.push(self.learner.weights(), self.step)
+            for version, weights in load_extra(checkpoint).get("snapshots", {}).items():
+                self.weight_store.put(int(version), weights)
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            truncate_metrics(self.run_dir / "transcripts.jsonl", self.step)
+            return
+        if (self.run_dir / "checkpoints").exists():
+            raise ConfigError(
+                f"run directory {str(self.run_dir)!r} already holds a run: resume it with --resume, "
+                "or choose another run.name"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(dump_config(self.config))
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.learner.model,
+            self.learner.optimizer,
+            self.learner.scheduler,
+            {"cursors": self.cursors},
+            keep=self.config.run.keep_checkpoints,
+            # async: weights of older versions that batches still to be generated need
+            extra={"snapshots": self.weight_store.versions(below=self.step)},
+        )
+
+    def maybe_checkpoint(self) -> None:
+        if self.step % self.config.run.checkpoint_every == 0:
+            self.checkpoint()
+
+    def record(self, metrics: Metrics) -> None:
+        self._append("metrics.jsonl", [metrics])
+
+    def _append(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
+        with open(self.run_dir / name, "a") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+
+    # --- one step: produce (plan, generate, score) then learn (update, push, record) -----------------
+
+    def produce(self, step: int, cursors: dict[str, int]) -> Produced:
+        """The scored rollouts of `step`, generated with whatever weights the engine holds now."""
+        config = self.config
+        start = self.clock()
+        plans, advanced = plan_prompts(
+            self.mixture,
+            cursors,
+            config.rollout.prompts_per_step,
+            config.run.seed,
+            step,
+            config.envs.seed_offset,
+        )
+        tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
+        generated = self.clock()
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        return Produced(step, tasks, rollouts, advanced, generated - start, self.clock() - generated)
+
+    def learn(self, produced: Produced) -> tuple[Metrics, bool]:
+        """One update from a produced batch; returns its metrics and whether the weights changed."""
+        config = self.config
+        assert produced.step == self.step, f"batch of step {produced.step} given at step {self.step}"
+        start = self.clock()
+        rollouts = produced.rollouts
+        batch = to_samples(
+            rollouts, config.algorithm, config.rollout.samples_per_prompt, config.rollout.max_new_tokens
+        )
+        metrics: Metrics = {"step": float(self.step + 1)}
+        metrics.update(staleness(rollouts, self.step))
+        if batch.samples:
+            metrics.update(self.learner.step(batch.samples).to_dict())
+        # else every group was uninformative: nothing to learn from, the policy stays as it is
+        self.cursors = produced.cursors
+        self.step += 1
+        completion_tokens = sum(len(r.completion_ids) for r in rollouts)
+        metrics.update(domain_metrics(rollouts))
+        metrics.update(
+            {
+                "policy_version": float(self.step),
+                "dropped_groups": float(batch.dropped_groups),
+                "trained_sequences": float(len(batch.samples)),
+                "reward_shaped": batch.rewards_shaped_mean,
+                "time/generate_s": produced.generate_s,
+                "time/score_s": produced.score_s,
+                "time/learn_s": self.clock() - start,
+                "generated_tokens": float(completion_tokens),
+                "tokens_per_s": completion_tokens / max(produced.generate_s, 1e-9),
+            }
+        )
+        keep = rollouts[:: config.rollout.samples_per_prompt][: config.run.transcripts_per_step]
+        self._append(
+            "transcripts.jsonl",
+            [{"step": self.step, "prompt": produced.tasks[r.group].messages, **r.to_dict()} for r in keep],
+        )
+        return metrics, bool(batch.samples)
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load `weights` into the rollout engine; its tokens are then recorded as `version` (the step)."""
+        self.engine.update_weights(weights)
+        self.engine.policy_version = version
+
+    def train_step(self) -> Metrics:
+        """Sync mode: produce with the current weights, learn, push; returns (and appends) the metrics."""
+        start = self.clock()
+        metrics, _ = self.learn(self.produce(self.step, self.cursors))
+        pushed = self.clock()
+        self.push(self.learner.weights(), self.step)
+        metrics["time/push_s"] = self.clock() - pushed
+        metrics["time/step_s"] = self.clock() - start
+        self.record(metrics)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the sandbox pool (if scoring started one) and the event loop."""
+        if self.ctx.sandbox is not None:
+            self._loop.run_until_complete(self.ctx.sandbox.aclose())
+        self._loop.close()
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        """Finish the current step, checkpoint and return (what SIGTERM and Ctrl-C do during `run`)."""
+        self.stop_requested = True
+
+    def run(self, on_step: Callable[[Metrics], None] | None = None) -> list[Metrics]:
+        """Train until `run.steps` (or a stop request); checkpoints every N steps and at the end."""
+        main = threading.current_thread() is threading.main_thread()
+        stops = (signal.SIGTERM, signal.SIGINT)
+        previous = {signum: signal.signal(signum, self.request_stop) for signum in stops} if main else {}
+        try:
+            if self.config.run.mode is Mode.ASYNC:
+                history = run_async(self, on_step)
+            else:
+                history = self._run_sync(on_step)
+            if self.step % self.config.run.checkpoint_every != 0:
+                self.checkpoint()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return history
+
+    def _run_sync(self, on_step: Callable[[Metrics], None] | None) -> list[Metrics]:
+        history = []
+        while self.step < self.config.run.steps and not self.stop_requested:
+            metrics = self.train_step()
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            self.maybe_checkpoint()
+        return history
+
+
+def build_trainer(
+    config: TrainConfig,
+    registry: EnvRegistry | None = None,
+    sandbox: SandboxProvider | None = None,
+    resume: bool = False,
+) -> Trainer:
+    """Load the learner's model, a frozen reference (when KL is on) and the rollout engine; open the run."""
+    from tether.engine.llm_engine import LLMEngine
+    from tether.models import load
+
+    torch.manual_seed(config.run.seed)
+    registry = registry or default_registry()
+    mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
+    model_config = config.model
+    engine, tokenizer = LLMEngine.from_pretrained(
+        model_config.name,
+        cache_dir=model_config.cache_dir,
+        kv_cache_mib=model_config.kv_cache_mib,
+        device=model_config.device,
+        seed=config.run.seed,
+    )
+    model, _, _ = load(model_config.name, model_config.cache_dir, device=model_config.device)
+    reference = None
+    if config.algorithm.kl_coef > 0:
+        reference, _, _ = load(model_config.name, model_config.cache_dir, device=model_config.device)
+    learner = Learner(
+        model,
+        config.optim,
+        config.algorithm.loss(),
+        total_steps=config.run.steps,
+        temperature=config.rollout.temperature,
+        max_new_tokens=config.rollout.max_new_tokens,
+        reference=reference,
+        bf16=model_config.bf16,
+    )
+    trainer = Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox))
+    try:
+        trainer.start_run_dir(resume)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
