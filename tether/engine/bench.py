@@ -9,6 +9,7 @@ alone. The benchmark loads models and measures; it prints nothing.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import random
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn.functional as F
 
-from tether.engine.llm_engine import LLMEngine
+from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk, make_batch
 from tether.engine.sampling import SamplingParams
 from tether.engine.speculative import SpeculativeConfig, SpeculativeMode, SpeculativeStats
@@ -63,41 +64,15 @@ TOPICS = (
     "railway",
 )
 
-# The speculative-decoding task: output that mostly copies the prompt, where prompt lookup pays.
+# The speculative-decoding task: output that mostly copies the prompt, where prompt lookup pays. The reply
+# is started for the model (the fence and the renamed signature) and the snippets are ones SmolLM2-135M
+# reproduces faithfully; `spec_copy_similarity` reports how much of each output is the expected code.
 COPY_TASK = (
     "Rewrite the following Python code with the function renamed from `{old}` to `{new}`. "
     "Change nothing else and reply with the code only.\n\n```python\n{code}```"
 )
+COPY_REPLY_START = "```python\ndef {new}("
 COPY_SNIPPETS = (
-    (
-        "moving_average",
-        "rolling_mean",
-        "def moving_average(values, window):\n"
-        "    if window <= 0:\n"
-        "        raise ValueError('window must be positive')\n"
-        "    averages = []\n"
-        "    total = 0.0\n"
-        "    for index, value in enumerate(values):\n"
-        "        total += value\n"
-        "        if index >= window:\n"
-        "            total -= values[index - window]\n"
-        "        if index >= window - 1:\n"
-        "            averages.append(total / window)\n"
-        "    return averages\n",
-    ),
-    (
-        "count_words",
-        "word_frequencies",
-        "def count_words(text):\n"
-        "    counts = {}\n"
-        "    for line in text.splitlines():\n"
-        "        for word in line.lower().split():\n"
-        "            word = word.strip('.,;:!?')\n"
-        "            if not word:\n"
-        "                continue\n"
-        "            counts[word] = counts.get(word, 0) + 1\n"
-        "    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))\n",
-    ),
     (
         "binary_search",
         "find_index",
@@ -114,21 +89,29 @@ COPY_SNIPPETS = (
         "    return -1\n",
     ),
     (
-        "parse_config",
-        "read_settings",
-        "def parse_config(lines):\n"
-        "    settings = {}\n"
-        "    section = 'default'\n"
-        "    for raw in lines:\n"
-        "        line = raw.split('#', 1)[0].strip()\n"
-        "        if not line:\n"
-        "            continue\n"
-        "        if line.startswith('[') and line.endswith(']'):\n"
-        "            section = line[1:-1].strip()\n"
-        "            continue\n"
-        "        key, _, value = line.partition('=')\n"
-        "        settings.setdefault(section, {})[key.strip()] = value.strip()\n"
-        "    return settings\n",
+        "fibonacci",
+        "fib_sequence",
+        "def fibonacci(n):\n"
+        "    sequence = [0, 1]\n"
+        "    while len(sequence) < n:\n"
+        "        sequence.append(sequence[-1] + sequence[-2])\n"
+        "    return sequence[:n]\n",
+    ),
+    (
+        "gcd",
+        "greatest_common_divisor",
+        "def gcd(a, b):\n    while b != 0:\n        a, b = b, a % b\n    return a\n",
+    ),
+    (
+        "is_prime",
+        "check_prime",
+        "def is_prime(n):\n"
+        "    if n < 2:\n"
+        "        return False\n"
+        "    for i in range(2, int(n ** 0.5) + 1):\n"
+        "        if n % i == 0:\n"
+        "            return False\n"
+        "    return True\n",
     ),
 )
 
@@ -219,20 +202,31 @@ def make_workload(tokenizer: PreTrainedTokenizerBase, config: BenchConfig) -> Wo
 
 
 def copy_prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
-    """Chat prompts asking to reproduce a code snippet with one rename: outputs mostly copy the input."""
+    """Chat prompts asking to reproduce a code snippet with one rename, the reply already started."""
     prompts = []
     for old, new, code in COPY_SNIPPETS:
         messages = [{"role": "user", "content": COPY_TASK.format(old=old, new=new, code=code)}]
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        prompts.append([int(t) for t in cast(list[int], ids)])
+        start = tokenizer.encode(COPY_REPLY_START.format(new=new), add_special_tokens=False)
+        prompts.append([int(t) for t in cast(list[int], ids)] + [int(t) for t in start])
     return prompts
+
+
+def copy_similarity(texts: list[str]) -> float:
+    """Mean similarity (difflib ratio) of each reply, with its started part, to the renamed snippet."""
+    ratios = []
+    for (old, new, code), text in zip(COPY_SNIPPETS, texts, strict=True):
+        reply = COPY_REPLY_START.format(new=new) + text
+        expected = "```python\n" + code.replace(old, new) + "```"
+        ratios.append(difflib.SequenceMatcher(None, reply, expected).ratio())
+    return statistics.fmean(ratios)
 
 
 def run_one_by_one(
     engine: LLMEngine, prompts: list[list[int]], max_tokens: int
-) -> tuple[float, list[list[int]]]:
+) -> tuple[float, list[Completion]]:
     """Seconds to decode each prompt alone (greedy, to EOS or max_tokens), and the outputs."""
     engine.block_manager.invalidate_prefix_cache()
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
@@ -240,7 +234,7 @@ def run_one_by_one(
     started = time.perf_counter()
     for prompt in prompts:
         [output] = engine.generate([prompt], params)
-        outputs.append(output.completions[0].token_ids)
+        outputs.append(output.completions[0])
     return time.perf_counter() - started, outputs
 
 
@@ -358,8 +352,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     samples = _Samples()
     engine_outputs: list[list[int]] = []
     hf_outputs: list[list[int]] = []
-    spec_outputs: list[list[int]] = []
-    plain_outputs: list[list[int]] = []
+    spec_outputs: list[Completion] = []
+    plain_outputs: list[Completion] = []
     for repeat in range(config.repeats):
         say(f"repeat {repeat + 1}/{config.repeats}: engine, {workload.output_tokens} tokens")
         seconds, engine_outputs = run_engine(engine, workload)
@@ -401,8 +395,10 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     prefix_ttft = statistics.median(samples.cached_ttft_s)
     cold_ttft = statistics.median(samples.cold_ttft_s)
     matches = sum(ours == theirs for ours, theirs in zip(engine_outputs, hf_outputs, strict=True))
-    copy_tokens = sum(map(len, plain_outputs))
-    spec_matches = sum(ours == theirs for ours, theirs in zip(plain_outputs, spec_outputs, strict=True))
+    copy_tokens = sum(len(completion.token_ids) for completion in plain_outputs)
+    spec_matches = sum(
+        ours.token_ids == theirs.token_ids for ours, theirs in zip(plain_outputs, spec_outputs, strict=True)
+    )
     return {
         "model": str(config.model),
         "requests": config.requests,
@@ -434,5 +430,6 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "spec_speedup": ratio(statistics.median(samples.plain_copy_s), statistics.median(samples.spec_s)),
         "acceptance_rate": spec_engine.spec_stats.acceptance_rate,
         "spec_greedy_match": spec_matches / len(copies),
+        "spec_copy_similarity": copy_similarity([completion.text for completion in plain_outputs]),
         "duration_s": time.perf_counter() - started,
     }
