@@ -39,12 +39,18 @@ def digest(path):
 report({path: digest(path) for path in _json.loads(sys.stdin.read())})
 """
 
+# Entries the run user does not own are the sandbox's own scaffolding (e.g. the mount points that keep a
+# Python installed under /tmp visible), never files an earlier run could have left behind.
 LISTING_BODY = """
 import sys
 found = {}
 for root in ('.', '/tmp'):
     try:
-        found[root] = sorted(_os.listdir(root))
+        names = _os.listdir(root)
+        found[root] = sorted(
+            name for name in names
+            if _os.lstat(_os.path.join(root, name)).st_uid == _os.getuid()
+        )
     except OSError as error:
         found[root] = ['<unreadable: ' + type(error).__name__ + '>']
 report(found)
