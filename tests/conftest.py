@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +16,18 @@ def services_disabled() -> bool:
 @pytest.fixture
 def no_services() -> bool:
     return services_disabled()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny random checkpoints by architecture, built once per test session (seconds each)."""
+    from tether.testing import make_tiny_model  # torch: only for the tests that ask for a model
+
+    made: dict[str, Path] = {}
+
+    def get(architecture: str) -> Path:
+        if architecture not in made:
+            made[architecture] = make_tiny_model(tmp_path_factory.mktemp(architecture), architecture)
+        return made[architecture]
+
+    return get

@@ -1,4 +1,4 @@
-"""Model fixtures: tiny random checkpoints per architecture, and the real SmolLM2 converted once per run.
+"""Model fixtures: torch threads and the real SmolLM2 converted once per run (tiny ones: tests/conftest.py).
 
 The real model is pulled into the repository's `.tether/` (git-ignored): a fresh clone, as in CI,
 installs and converts it once (about 20 s) and every later run reuses the folder.
@@ -6,13 +6,11 @@ installs and converts it once (about 20 s) and every later run reuses the folder
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tether.models import configure_threads, pull
-from tether.testing import make_tiny_model
 
 REPO_CACHE = Path(__file__).resolve().parents[2] / ".tether" / "cache"
 SMOLLM2 = "smollm2-135m-instruct"
@@ -21,18 +19,6 @@ SMOLLM2 = "smollm2-135m-instruct"
 @pytest.fixture(scope="session", autouse=True)
 def torch_threads() -> int:
     return configure_threads()
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    made: dict[str, Path] = {}
-
-    def get(architecture: str) -> Path:
-        if architecture not in made:
-            made[architecture] = make_tiny_model(tmp_path_factory.mktemp(architecture), architecture)
-        return made[architecture]
-
-    return get
 
 
 @pytest.fixture(scope="session")
