@@ -130,6 +130,7 @@ def test_bench_reports_added_latency_and_max_rps() -> None:
     assert figures["added_latency_p99_ms"] >= figures["added_latency_p50_ms"]
     assert figures["gateway_p99_ms"] >= figures["gateway_p50_ms"] > figures["added_latency_p50_ms"]
     assert figures["max_rps"] > 0 and figures["direct_max_rps"] > 0
+    assert figures["gateway_cpu_ms_per_request"] > 0  # Linux: read from /proc
 
 
 @pytest.mark.parametrize("option", ["--requests", "--concurrency"])

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 import pytest
 
-from tether.gateway import Limits, Tier, build_gateway, create_gateway_app
+from tether.gateway import Limits, Tier, create_gateway_app
 from tether.gateway.pricing import Usage
 
-from .conftest import TINY, drop_tables, live_gateway, make_config
+from .conftest import TINY, live_gateway, live_server, make_config
 from .helpers import Served, expected_cost, serve
 
 # long enough to span several 16-token KV blocks, so a repeat hits the prefix cache
@@ -112,6 +111,31 @@ async def test_streaming_chat_relays_chunks_and_charges_usage(served: Served, in
 async def test_models_lists_the_configured_models(served: Served) -> None:
     models = await served.openai(served.key()).models.list()
     assert [model.id for model in models.data] == [TINY]
+
+
+async def test_completion_routes_answer_other_methods_and_trailing_slashes_as_before(served: Served) -> None:
+    response = await served.http.get("/v1/chat/completions")
+    assert response.status_code == 405 and response.json() == {"detail": "Method Not Allowed"}
+    assert response.headers["allow"] == "POST"
+    response = await served.http.post("/v1/completions/", json={})
+    assert response.status_code == 307 and response.headers["location"].endswith("/v1/completions")
+
+
+async def test_a_client_gone_before_its_body_arrived_is_counted_and_not_answered(served: Served) -> None:
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", f"Bearer {served.key()}".encode())]
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers}
+    await create_gateway_app(served.gateway)(scope, receive, send)
+    assert sent == []
+    requests = {"tier": "standard", "status": "499"}
+    assert served.gateway.metrics.registry.get_sample_value("tether_gateway_requests_total", requests) == 1
 
 
 async def test_revoked_and_unknown_keys_are_refused(served: Served) -> None:
@@ -302,30 +326,28 @@ async def test_requests_past_the_admission_bound_get_503_with_retry_after(
         )
 
 
-async def test_upstream_failures_that_are_not_openai_errors_become_502(ledger_url: str) -> None:
-    def broken(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(500, text="<html>Internal Server Error</html>")
+async def broken_upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upstream whose every answer is a proxy's HTML error page."""
+    assert scope["type"] == "http"
+    body = b"<html>Internal Server Error</html>"
+    headers = [(b"content-type", b"text/html"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
-    gateway = build_gateway(
-        make_config("http://upstream", ledger_url), transport=httpx2.MockTransport(broken)
-    )
-    app_client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_gateway_app(gateway)), base_url="http://g"
-    )
-    secret, _ = gateway.keys.create("acme", Tier.STANDARD, Limits(tokens_per_window=5000))
-    try:
-        response = await app_client.post(
-            "/v1/completions",
-            json={"model": TINY, "prompt": "hi"},
-            headers={"Authorization": f"Bearer {secret}"},
-        )
-        assert response.status_code == 502 and "HTTP 500" in response.json()["error"]["message"]
-        logs = gateway.limits.core.logs  # type: ignore[attr-defined]
-        assert [log.total for name, log in logs.items() if name.endswith(":tokens")] == [0]  # released
-    finally:
-        await app_client.aclose()
-        await gateway.aclose()
-        drop_tables(gateway.config)
+
+async def test_upstream_failures_that_are_not_openai_errors_become_502(ledger_url: str) -> None:
+    with live_server(broken_upstream) as upstream:
+        async with serve(make_config(upstream, ledger_url)) as served:
+            secret = served.key("acme", tokens_per_window=5000)
+            for _ in range(2):  # the second goes over the connection the first left open
+                response = await served.http.post(
+                    "/v1/completions",
+                    json={"model": TINY, "prompt": "hi"},
+                    headers={"Authorization": f"Bearer {secret}"},
+                )
+                assert response.status_code == 502 and "HTTP 500" in response.json()["error"]["message"]
+            logs = served.gateway.limits.core.logs  # type: ignore[attr-defined]
+            assert [log.total for name, log in logs.items() if name.endswith(":tokens")] == [0]  # released
 
 
 async def test_guessed_keys_are_not_cached(served: Served) -> None:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from tether.errors import ConfigError
 from tether.gateway.config import Limits, Tier
 from tether.gateway.keys import KeyStore, UnknownKey, hash_key
-from tether.gateway.ledger import Charge, Ledger
+from tether.gateway.ledger import Charge, Ledger, RecentUsage
 from tether.gateway.pricing import Usage
 from tether.store import make_engine
 
@@ -97,3 +97,27 @@ def test_a_failed_ledger_write_leaves_the_spend_untouched(stores: tuple[KeyStore
     with pytest.raises(sa.exc.IntegrityError):  # one bad row fails its whole batch
         ledger.record([second, charge])
     assert ledger.daily_spend("acme", "1970-01-01") == (1, 2, Decimal(1))
+
+
+def test_recent_usage_sums_per_key_and_span_with_costs_rounded_up(stores: tuple[KeyStore, Ledger]) -> None:
+    _, ledger = stores
+    charges = [
+        (1210.0, "k1", Usage(10, 0, 5), Decimal("0.000000000001")),  # 1 pico-USD: rounds up to 1 nano
+        (1220.0, "k1", Usage(1, 0, 1), Decimal("0.000000002")),
+        (1220.0, "k2", Usage(2, 0, 2), Decimal("0.000000003")),
+        (1290.0, "k1", Usage(3, 0, 3), Decimal("0.000000004")),  # the next minute
+        (900.0, "k1", Usage(50, 0, 50), Decimal(1)),  # before `since`
+    ]
+    ledger.record(
+        [
+            Charge(f"r{i}", at, "acme", key, "m", Tier.STANDARD, usage, cost)
+            for i, (at, key, usage, cost) in enumerate(charges)
+        ]
+    )
+    usage = ledger.recent_usage(since=1200.0, span_s=60.0)
+    assert [u.last_at for u in usage] == [1220.0, 1220.0, 1290.0]  # oldest first
+    assert sorted(usage, key=lambda u: (u.last_at, u.key_id)) == [
+        RecentUsage("acme", "k1", 1220.0, 17, 3),
+        RecentUsage("acme", "k2", 1220.0, 4, 3),
+        RecentUsage("acme", "k1", 1290.0, 6, 4),
+    ]

@@ -259,5 +259,6 @@ def bench_command(
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        table.add_row(key, f"{value:.3g}" if isinstance(value, float) else str(value))
+        shown = "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
     console.print(table)

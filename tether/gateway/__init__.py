@@ -8,11 +8,13 @@ from tether.gateway.limits import LimitStore, MemoryLimitStore
 from tether.gateway.pricing import Usage, cost_usd
 from tether.gateway.redis_limits import RedisLimitStore
 from tether.gateway.runtime import build_gateway, running_gateway, serve_gateway
+from tether.gateway.upstream import HttpUpstream, Upstream, UpstreamError
 
 __all__ = [
     "ApiKey",
     "Gateway",
     "GatewayConfig",
+    "HttpUpstream",
     "KeyStore",
     "Ledger",
     "LimitStore",
@@ -22,6 +24,8 @@ __all__ = [
     "Price",
     "RedisLimitStore",
     "Tier",
+    "Upstream",
+    "UpstreamError",
     "Usage",
     "build_gateway",
     "cost_usd",

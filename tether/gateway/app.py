@@ -1,6 +1,9 @@
 """The gateway's HTTP app: authenticate, plan, reserve limits, wait for a pool slot, forward to an engine
-through one shared `httpx2.AsyncClient` (streams are relayed chunk by chunk, never buffered whole), then
-price the reported usage and hand it to the ledger writer, which settles the reservation once committed.
+through one shared `Upstream` (streams are relayed chunk by chunk, never buffered whole), then price the
+reported usage and hand it to the ledger writer, which settles the reservation once committed.
+
+The two completion routes are plain ASGI: FastAPI's routing, validation and middleware cost more CPU per
+request than the gateway's own work. The other routes are FastAPI's.
 
 It does not tokenize or inspect completions beyond the `usage` object; the engine stays the authority on
 tokens and the ledger on money.
@@ -15,15 +18,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import httpx2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
+from starlette.routing import Route
 
 from tether.gateway.admission import AdmissionQueue, AdmissionRefused
 from tether.gateway.config import GatewayConfig
@@ -34,6 +37,8 @@ from tether.gateway.limits import Counter, LimitKind, LimitStore, Refusal, count
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.plan import Kind, RequestPlan, plan_request
 from tether.gateway.pricing import BadUsage, Usage, cost_usd, to_nano_usd
+from tether.gateway.upstream import Response as UpstreamResponse
+from tether.gateway.upstream import Target, Upstream, UpstreamError
 from tether.gateway.writer import LedgerWriter
 
 logger = logging.getLogger(__name__)
@@ -41,7 +46,54 @@ logger = logging.getLogger(__name__)
 
 _KEY_CACHE_SIZE = 100_000
 _PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
-_JSON = {"content-type": "application/json"}
+_ROUTES: dict[str, Kind] = {path: kind for kind, path in _PATHS.items()}
+_JSON_TYPE = (b"content-type", b"application/json")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived: there is no one to answer."""
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    parts = [body]
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return str(value.decode("latin-1"))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Whole:
+    """A complete JSON answer, sent as two ASGI messages without building a framework response."""
+
+    status_code: int
+    content: bytes
+    headers: list[tuple[bytes, bytes]]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"%d" % len(self.content)), _JSON_TYPE, *self.headers]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": self.content})
 
 
 def _is_openai_error(content: bytes) -> bool:
@@ -111,28 +163,28 @@ def _refusal_error(refusal: Refusal, scope_id: str, reserved: int) -> GatewayErr
 
 @dataclass
 class Gateway:
-    """The request handling behind `create_gateway_app`; the caller owns the stores and the client."""
+    """The request handling behind `create_gateway_app`; the caller owns the stores and the upstream."""
 
     config: GatewayConfig
     keys: KeyStore
     ledger: Ledger
     limits: LimitStore
-    client: httpx2.AsyncClient
+    upstream: Upstream
     clock: Callable[[], float] = time.time
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     queues: dict[str, AdmissionQueue] = field(init=False)
     writer: LedgerWriter = field(init=False)
     _key_cache: dict[str, tuple[ApiKey, float]] = field(init=False, default_factory=dict)
-    _targets: dict[tuple[str, Kind], itertools.cycle[httpx2.URL]] = field(init=False)
+    _targets: dict[tuple[str, Kind], itertools.cycle[Target]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queues = {
             name: AdmissionQueue(name, pool.max_in_flight, pool.max_queued, pool.queue_deadline_s)
             for name, pool in self.config.pools.items()
         }
-        # URLs parsed once: parsing one per request is a measurable share of the gateway's own latency
+        # URLs parsed and request heads encoded once: per request they were a measurable share of its cost
         self._targets = {
-            (name, kind): itertools.cycle([httpx2.URL(url.rstrip("/") + _PATHS[kind]) for url in pool.urls])
+            (name, kind): itertools.cycle([Target.parse(url.rstrip("/") + _PATHS[kind]) for url in pool.urls])
             for name, pool in self.config.pools.items()
             for kind in _PATHS
         }
@@ -142,7 +194,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.writer.close()
-        await self.client.aclose()
+        await self.upstream.aclose()
         await self.limits.close()
         self.keys.engine.dispose()
 
@@ -225,11 +277,11 @@ class Gateway:
             await self.limits.settle(admitted.id, admitted.counters, amounts)
 
         self.writer.submit(charge, settle)
-        tier, tenant = plan.tier.value, key.tenant
-        self.metrics.tokens.labels(tenant, tier, "cached").inc(usage.cached_tokens)
-        self.metrics.tokens.labels(tenant, tier, "uncached").inc(usage.prompt_tokens - usage.cached_tokens)
-        self.metrics.tokens.labels(tenant, tier, "output").inc(usage.completion_tokens)
-        self.metrics.cost.labels(tenant, tier).inc(float(cost))
+        tier, tenant, tokens = plan.tier.value, key.tenant, self.metrics.tokens_by
+        tokens(tenant, tier, "cached").inc(usage.cached_tokens)
+        tokens(tenant, tier, "uncached").inc(usage.prompt_tokens - usage.cached_tokens)
+        tokens(tenant, tier, "output").inc(usage.completion_tokens)
+        self.metrics.cost_by(tenant, tier).inc(float(cost))
         return cost
 
     async def flush(self) -> None:
@@ -238,28 +290,31 @@ class Gateway:
 
     # forwarding
 
-    def _request(self, plan: RequestPlan) -> httpx2.Request:
-        url = next(self._targets[plan.pool, plan.kind])
-        return self.client.build_request("POST", url, content=plan.upstream_body, headers=_JSON)
-
-    async def handle(self, kind: Kind, request: Request) -> Response:
-        """One proxied request, counted by tier and status however it ends."""
+    async def serve(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+        """One proxied request as an ASGI app, counted by tier and status however it ends."""
         labels = ["unknown", "500"]
+        response: _Whole | Response
         try:
-            response = await self._handle(kind, request, labels)
+            try:
+                response = await self._handle(kind, _authorization(scope), receive, labels)
+            except GatewayError as error:
+                self.metrics.errors_by(error.code).inc()
+                response = error.response()
             labels[1] = str(response.status_code)
-            return response
-        except GatewayError as error:
-            labels[1] = str(error.status)
-            raise
+        except _ClientGone:
+            labels[1] = "499"  # nginx's "client closed request"
+            return
         finally:
-            self.metrics.requests.labels(*labels).inc()
+            self.metrics.requests_by(*labels).inc()
+        await response(scope, receive, send)
 
-    async def _handle(self, kind: Kind, request: Request, labels: list[str]) -> Response:
-        key = await self.authenticate(request.headers.get("authorization"))
+    async def _handle(
+        self, kind: Kind, authorization: str | None, receive: Receive, labels: list[str]
+    ) -> _Whole | Response:
+        key = await self.authenticate(authorization)
         labels[0] = key.tier.value
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await _read_body(receive))
         except ValueError as error:
             raise GatewayError(400, f"the body is not valid JSON: {error}", "invalid_json") from None
         plan = plan_request(kind, body, key.tier, self.config)
@@ -277,13 +332,13 @@ class Gateway:
             raise
         handed_over = False
         try:
-            upstream = await self.client.send(self._request(plan), stream=True)
+            upstream = await self.upstream.post(next(self._targets[plan.pool, plan.kind]), plan.upstream_body)
             if upstream.status_code != 200 or not plan.stream:
                 try:
                     content = await upstream.aread()
                 finally:
                     await upstream.aclose()
-                return await self._whole(admitted, upstream.status_code, content)
+                return self._whole(admitted, upstream.status_code, content)
             # from here the relay owns the slot, the reservation and the upstream response; it is started
             # at once so that its cleanup runs even if the client leaves before the body is sent
             handed_over = True
@@ -294,21 +349,21 @@ class Gateway:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        except httpx2.HTTPError as error:
+        except UpstreamError as error:
             raise GatewayError(
-                502, f"upstream pool {plan.pool!r} failed: {error!r}", "upstream_error", "server_error"
+                502, f"upstream pool {plan.pool!r} failed: {error}", "upstream_error", "server_error"
             ) from None
         finally:
             if not handed_over:
                 queue.release()
                 await self.release(admitted)  # a no-op once charged
 
-    async def _whole(self, admitted: _Admitted, status: int, content: bytes) -> Response:
+    def _whole(self, admitted: _Admitted, status: int, content: bytes) -> _Whole:
         tier = admitted.plan.tier.value
         if status != 200:
-            self.metrics.errors.labels(f"upstream_{status}").inc()
+            self.metrics.errors_by(f"upstream_{status}").inc()
             if _is_openai_error(content):  # the engine's own refusal: pass it on as it is
-                return Response(content, status_code=status, media_type="application/json")
+                return _Whole(status, content, [])
             raise GatewayError(
                 502,
                 f"upstream pool {admitted.plan.pool!r} answered HTTP {status}: {content[:200]!r}",
@@ -322,12 +377,12 @@ class Gateway:
                 502, f"upstream answered without a valid usage: {error}", "bad_upstream_usage", "server_error"
             ) from None
         cost = self.charge(admitted, usage)
-        self.metrics.latency.labels(tier).observe(time.monotonic() - admitted.arrived_s)
-        headers = {"X-Tether-Cost-USD": str(cost), "X-Tether-Request-Id": admitted.id}
-        return Response(content, status_code=200, media_type="application/json", headers=headers)
+        self.metrics.latency_by(tier).observe(time.monotonic() - admitted.arrived_s)
+        headers = [(b"x-tether-cost-usd", str(cost).encode()), (b"x-tether-request-id", admitted.id.encode())]
+        return _Whole(200, content, headers)
 
     async def _relay(
-        self, admitted: _Admitted, upstream: httpx2.Response, queue: AdmissionQueue
+        self, admitted: _Admitted, upstream: UpstreamResponse, queue: AdmissionQueue
     ) -> AsyncGenerator[bytes, None]:
         """Upstream's SSE events as they come; the usage event is read for the ledger, and dropped when
         the client did not ask for it."""
@@ -338,7 +393,7 @@ class Gateway:
         try:
             async for chunk in upstream.aiter_bytes():
                 if first:
-                    self.metrics.ttft.labels(tier).observe(time.monotonic() - admitted.arrived_s)
+                    self.metrics.ttft_by(tier).observe(time.monotonic() - admitted.arrived_s)
                     first = False
                 buffer += chunk
                 *events, buffer = buffer.split(b"\n\n")
@@ -362,27 +417,51 @@ class Gateway:
                 self.charge(admitted, usage)
             else:  # cut short: the tokens were possibly spent, so the reservation stands unsettled
                 admitted.settled = True
-                self.metrics.errors.labels("stream_incomplete").inc()
+                self.metrics.errors_by("stream_incomplete").inc()
                 logger.warning("stream %s ended without usage; its reservation stays charged", admitted.id)
-            self.metrics.latency.labels(tier).observe(time.monotonic() - admitted.arrived_s)
+            self.metrics.latency_by(tier).observe(time.monotonic() - admitted.arrived_s)
 
 
-def create_gateway_app(gateway: Gateway) -> FastAPI:
+@dataclass(frozen=True, slots=True)
+class _Completions:
+    """One completion route as a bare ASGI app."""
+
+    gateway: Gateway
+    kind: Kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.gateway.serve(self.kind, scope, receive, send)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayApp:
+    """The ASGI app: POSTs to the completion routes go straight to the gateway, everything else (and those
+    routes' 405s and redirects) to the FastAPI app."""
+
+    fallback: FastAPI
+    routes: dict[str, _Completions]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self.routes.get(scope["path"])
+            if route is not None:
+                await route(scope, receive, send)
+                return
+        await self.fallback(scope, receive, send)
+
+
+def create_gateway_app(gateway: Gateway) -> GatewayApp:
     app = FastAPI(title="tether gateway", summary="Tenants, tiers, prices and limits in front of engines")
     app.state.gateway = gateway
 
     @app.exception_handler(GatewayError)
     async def refused(request: Request, error: GatewayError) -> JSONResponse:
-        gateway.metrics.errors.labels(error.code).inc()
+        gateway.metrics.errors_by(error.code).inc()
         return error.response()
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(request: Request) -> Response:
-        return await gateway.handle("chat", request)
-
-    @app.post("/v1/completions", response_model=None)
-    async def text(request: Request) -> Response:
-        return await gateway.handle("text", request)
+    routes = {path: _Completions(gateway, kind) for path, kind in _ROUTES.items()}
+    for path, route in routes.items():
+        app.router.routes.append(Route(path, route, methods=["POST"]))
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -404,4 +483,4 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
             gateway.metrics.in_flight.labels(name).set(queue.in_flight)
         return Response(generate_latest(gateway.metrics.registry), media_type="text/plain; version=0.0.4")
 
-    return app
+    return GatewayApp(app, routes)

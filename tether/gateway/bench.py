@@ -4,6 +4,7 @@ second, both measured in one run against an instant upstream (a raw ASGI app tha
 Upstream, gateway and the measuring client run in three processes, so none steals the others' interpreter.
 Requests go alternately through the gateway and straight to the upstream; each pair's difference is one
 sample of added latency (pairing cancels slow drift in the machine's load), reported as median and p99.
+The gateway process's CPU time per request (Linux only) is the figure least disturbed by other load.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import statistics
@@ -21,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,8 @@ class BenchResult:
     direct_p99_ms: float
     gateway_p50_ms: float
     gateway_p99_ms: float
+    gateway_cpu_ms_per_request: float | None
+    """User plus system CPU of the gateway process (ledger writer included) in the latency phase."""
     max_rps: float
     direct_max_rps: float
     requests: int
@@ -111,8 +116,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user plus system) process `pid` has used; None where there is no Linux /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def _process(code: str, url: str) -> Iterator[None]:
+def _process(code: str, url: str) -> Iterator[int]:
     """A Python child running `code`, from the moment `url` answers HTTP to the end of the block."""
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -128,7 +142,7 @@ def _process(code: str, url: str) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise TetherError(f"gateway bench: {url} did not come up within 60 s") from None
                 time.sleep(0.05)
-        yield
+        yield child.pid
     finally:
         child.terminate()
         try:
@@ -226,7 +240,9 @@ def run_bench(config: BenchConfig) -> BenchResult:
             ledger_url=f"sqlite:///{Path(tmp) / 'ledger.db'}",
         )
         keys, _ = open_stores(gateway_config)
-        secret, _ = keys.create("bench", Tier.STANDARD, Limits())
+        # every limit kind is accounted on every request (as for a real tenant), none ever refuses
+        unrefusing = Limits(requests_per_minute=10**9, tokens_per_window=10**12, budget_usd=Decimal(10**6))
+        secret, _ = keys.create("bench", Tier.STANDARD, unrefusing)
         keys.engine.dispose()
         config_path = Path(tmp) / "gateway.json"
         config_path.write_text(gateway_config.model_dump_json())
@@ -239,12 +255,17 @@ def run_bench(config: BenchConfig) -> BenchResult:
             f"config = load_gateway_config(Path({str(config_path)!r})); "
             f"serve_gateway(config, '127.0.0.1', {gateway_port}, 'error')"
         )
-        with _process(upstream_code, direct), _process(gateway_code, gateway + "/healthz"):
+        with _process(upstream_code, direct), _process(gateway_code, gateway + "/healthz") as pid:
+            cpu_before = _cpu_s(pid)
             direct_s, gateway_s = asyncio.run(_latencies(direct, gateway, secret, config))
+            cpu_after = _cpu_s(pid)
             direct_rps = asyncio.run(_throughput(direct, secret, config))
             gateway_rps = asyncio.run(_throughput(gateway, secret, config))
     ms = 1000.0
     added = [through - straight for through, straight in zip(gateway_s, direct_s, strict=True)]
+    cpu_ms = None
+    if cpu_before is not None and cpu_after is not None:
+        cpu_ms = (cpu_after - cpu_before) / (config.warmup + config.requests) * ms
     return BenchResult(
         added_latency_p50_ms=statistics.median(added) * ms,
         added_latency_p99_ms=_quantile(added, 0.99) * ms,
@@ -252,6 +273,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         direct_p99_ms=_quantile(direct_s, 0.99) * ms,
         gateway_p50_ms=statistics.median(gateway_s) * ms,
         gateway_p99_ms=_quantile(gateway_s, 0.99) * ms,
+        gateway_cpu_ms_per_request=cpu_ms,
         max_rps=gateway_rps,
         direct_max_rps=direct_rps,
         requests=config.requests,

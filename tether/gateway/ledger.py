@@ -55,6 +55,18 @@ class UsageRow:
     cost_usd: Decimal
 
 
+@dataclass(frozen=True, slots=True)
+class RecentUsage:
+    """One key's charges within one span of time: when the last of them was made, their tokens, and their
+    cost in nano-USD with each charge rounded up, as the limit counters count it."""
+
+    tenant: str
+    key_id: str
+    last_at: float
+    tokens: int
+    spend_nano_usd: int
+
+
 class Ledger:
     def __init__(self, engine: Engine, prefix: str = "gw_") -> None:
         self.engine = engine
@@ -164,6 +176,29 @@ class Ledger:
                     Decimal(int(pico)) / PICO_PER_USD,
                 )
                 for day, model, tier, n, p, h, o, pico in conn.execute(query)
+            ]
+
+    def recent_usage(self, since: float, span_s: float = 60.0) -> list[RecentUsage]:
+        """Charges made since `since` (epoch seconds), summed per key and `span_s`, oldest first."""
+        c = self.rows.c
+        span = sa.cast(c.at / span_s, sa.Integer)  # truncates on SQLite, rounds on PostgreSQL: both group
+        last_at = sa.func.max(c.at)
+        query = (
+            sa.select(
+                c.tenant,
+                c.key_id,
+                last_at,
+                sa.func.sum(c.prompt_tokens + c.completion_tokens),
+                sa.func.sum((c.cost_pusd + 999) // 1000),
+            )
+            .where(c.at >= since)
+            .group_by(c.tenant, c.key_id, span)
+            .order_by(last_at)
+        )
+        with self.engine.connect() as conn:
+            return [
+                RecentUsage(str(tenant), str(key_id), float(at), int(tokens), int(nano))
+                for tenant, key_id, at, tokens, nano in conn.execute(query)
             ]
 
     def daily_spend(self, tenant: str, day: str) -> tuple[int, int, Decimal]:

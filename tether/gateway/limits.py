@@ -16,11 +16,15 @@ bill) and that window may overshoot by the difference. Entries keep their admiss
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tether.gateway.config import Limits
+
+if TYPE_CHECKING:  # a type only: the core stays free of the ledger's SQL
+    from tether.gateway.ledger import RecentUsage
 
 
 class LimitKind(StrEnum):
@@ -54,20 +58,30 @@ class Refusal:
     """When enough older entries will have left the window; inf if the request can never fit."""
 
 
+def counter_name(scope: str, scope_id: str, kind: LimitKind) -> str:
+    return f"{scope}:{scope_id}:{kind.value}"
+
+
 def counters_for(
     limits: Limits, scope: str, scope_id: str, tokens: int, spend_nano_usd: int
 ) -> list[Counter]:
     """The counters one request is charged to under `limits` of one key or tenant."""
-    base = f"{scope}:{scope_id}"
     counters = []
     if limits.requests_per_minute is not None:
         counters.append(
-            Counter(f"{base}:requests", LimitKind.REQUESTS, scope, limits.requests_per_minute, 60.0, 1)
+            Counter(
+                counter_name(scope, scope_id, LimitKind.REQUESTS),
+                LimitKind.REQUESTS,
+                scope,
+                limits.requests_per_minute,
+                60.0,
+                1,
+            )
         )
     if limits.tokens_per_window is not None:
         counters.append(
             Counter(
-                f"{base}:tokens",
+                counter_name(scope, scope_id, LimitKind.TOKENS),
                 LimitKind.TOKENS,
                 scope,
                 limits.tokens_per_window,
@@ -79,10 +93,57 @@ def counters_for(
         budget_nano = int(limits.budget_usd * 1_000_000_000)
         counters.append(
             Counter(
-                f"{base}:spend", LimitKind.SPEND, scope, budget_nano, limits.budget_period_s, spend_nano_usd
+                counter_name(scope, scope_id, LimitKind.SPEND),
+                LimitKind.SPEND,
+                scope,
+                budget_nano,
+                limits.budget_period_s,
+                spend_nano_usd,
             )
         )
     return counters
+
+
+Entries = dict[str, list[tuple[float, int]]]
+"""Counter name -> (at, amount) in time order."""
+
+
+def longest_window_s(limits: Iterable[Limits]) -> float:
+    """How far back the ledger must be read to rebuild the token and spend counters of `limits`."""
+    windows = [0.0]
+    for each in limits:
+        if each.tokens_per_window is not None:
+            windows.append(each.token_window_s)
+        if each.budget_usd is not None:
+            windows.append(each.budget_period_s)
+    return max(windows)
+
+
+def entries_from_ledger(
+    usage: Iterable[RecentUsage],
+    key_limits: Mapping[str, Limits],
+    tenant_limits: Callable[[str], Limits],
+    now: float,
+) -> Entries:
+    """Token and spend window entries rebuilt from recorded charges, so that a restarted process still
+    counts what was spent within each window. Requests per minute are not rebuilt: the ledger holds only
+    the requests that were charged. Each entry keeps its latest charge's time, so it leaves its window no
+    earlier than the charges it stands for."""
+    entries: Entries = {}
+    for charge in sorted(usage, key=lambda u: u.last_at):
+        for scope, scope_id, limits in (
+            ("key", charge.key_id, key_limits.get(charge.key_id)),
+            ("tenant", charge.tenant, tenant_limits(charge.tenant)),
+        ):
+            if limits is None:
+                continue
+            if limits.tokens_per_window is not None and charge.last_at > now - limits.token_window_s:
+                name = counter_name(scope, scope_id, LimitKind.TOKENS)
+                entries.setdefault(name, []).append((charge.last_at, charge.tokens))
+            if limits.budget_usd is not None and charge.last_at > now - limits.budget_period_s:
+                name = counter_name(scope, scope_id, LimitKind.SPEND)
+                entries.setdefault(name, []).append((charge.last_at, charge.spend_nano_usd))
+    return entries
 
 
 @dataclass(slots=True)
@@ -130,6 +191,16 @@ class LimitCore:
             log.total += counter.amount
         return None
 
+    def seed(self, entries: Entries) -> None:
+        """Start counters from earlier usage (see `entries_from_ledger`); before any reservation, since a
+        window's entries must stay in time order."""
+        for name, items in entries.items():
+            log = self.logs.setdefault(name, WindowLog())
+            assert not log.entries, f"counter {name} already has entries"
+            for i, (at, amount) in enumerate(items):
+                log.entries[f"ledger:{i}"] = (at, amount)
+                log.total += amount
+
     def settle(self, reservation_id: str, amounts: dict[str, int]) -> None:
         """Replace reserved amounts with actual ones; entries already out of their window are gone."""
         for name, amount in amounts.items():
@@ -159,10 +230,14 @@ class LimitStore(Protocol):
 
 
 class MemoryLimitStore:
-    """Limits for one gateway process: the event loop makes each call atomic."""
+    """Limits for one gateway process: the event loop makes each call atomic. Its counters start from
+    the ledger (`seed`), since a restart must not forget spend within the budget period."""
 
     def __init__(self) -> None:
         self.core = LimitCore()
+
+    def seed(self, entries: Entries) -> None:
+        self.core.seed(entries)
 
     async def reserve(self, reservation_id: str, counters: list[Counter], now: float) -> Refusal | None:
         return self.core.reserve(reservation_id, counters, now)
