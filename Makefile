@@ -33,7 +33,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(PIP) -e '.[dev,ray]'
+	$(PIP) -e '.[dev,bench]'
 	$(PY) -m pytest -q -m slow
 
 clean:

@@ -99,6 +99,8 @@ def test_cli_prints_one_json_object_and_writes_it_to_out(tiny_folder: Path, tmp_
         ("prefix_tokens", True, "prefix_tokens = True"),
         ("kv_cache_mib", 0, "kv_cache_mib = 0"),
         ("spec_tokens", 0, "spec_tokens = 0"),
+        ("lanes", 0, "lanes = 0"),
+        ("threads", True, "threads = True"),
     ],
 )
 def test_bad_bench_config_is_refused_naming_the_field(field: str, value: object, message: str) -> None:

@@ -18,6 +18,7 @@ def test_defaults() -> None:
     assert config.enable_prefix_caching is True
     assert config.preemption_mode is PreemptionMode.RECOMPUTE
     assert config.max_blocks_per_seq == 128
+    assert config.lanes == 1
 
 
 def test_preemption_mode_accepts_its_string_value() -> None:
@@ -40,6 +41,7 @@ def test_config_is_frozen() -> None:
         ({"max_num_seqs": True}, "max_num_seqs = True: expected an integer"),
         ({"max_num_batched_tokens": "512"}, "max_num_batched_tokens = '512': expected an integer"),
         ({"max_model_len": 0}, "max_model_len = 0: expected an integer of at least 1"),
+        ({"lanes": 0}, "lanes = 0: expected an integer of at least 1"),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching = 'yes': expected true or false"),
         ({"preemption_mode": "swap"}, "preemption_mode = 'swap': expected one of 'recompute'"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens = 32: expected at"),

@@ -38,7 +38,7 @@ def make_engine(
         max_num_batched_tokens=max_tokens_per_step,
         max_model_len=64,
     )
-    return LLMEngine(runner, config, detokenize=lambda ids: tokenizer.decode(ids), **kwargs)  # type: ignore[arg-type]
+    return LLMEngine(runner, config, detokenize=lambda ids: str(tokenizer.decode(ids)), **kwargs)  # type: ignore[arg-type]
 
 
 def reference_greedy(path: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -150,6 +150,7 @@ def test_weight_update_invalidates_the_prefix_cache_and_tags_versions(tiny_path:
     engine.update_weights({name: params[name] * 3})
     after = engine.generate([PROMPTS[3]], GREEDY)[0]
     assert after.num_cached_tokens == 0
+    assert engine.weight_stats.num_prefix_cache_invalidations == 1
     assert before.completions[0].versions == [0] * 10 and after.completions[0].versions == [1] * 10
     assert after.completions[0].logprobs != before.completions[0].logprobs
 

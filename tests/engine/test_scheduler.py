@@ -356,3 +356,28 @@ def test_a_duplicate_sequence_id_is_refused() -> None:
     scheduler.add(Sequence(1, "r", [1]))
     with pytest.raises(RequestError, match="sequence id 1 is already queued"):
         scheduler.add(Sequence(1, "other", [1]))
+
+
+def test_recompute_all_drops_every_running_kv_and_recomputes_prompt_and_output() -> None:
+    scheduler = make(max_num_batched_tokens=64)
+    scheduler.add(Sequence(1, "a", range(10)))
+    scheduler.add(Sequence(2, "b", range(20, 26)))
+    step(scheduler)
+    step(scheduler)
+    free_before = scheduler.block_manager.num_free_blocks
+    scheduler.block_manager.invalidate_prefix_cache()  # as the engine does on new weights
+    dropped = scheduler.recompute_all()
+    assert [seq.seq_id for seq in dropped] == [1, 2]
+    assert all(seq.status is SequenceStatus.PREEMPTED and seq.num_computed_tokens == 0 for seq in dropped)
+    assert not scheduler.running and scheduler.block_manager.num_free_blocks > free_before
+    # Both come back computing all their tokens (prompt and the two outputs) from position 0.
+    assert chunks_of(step(scheduler)) == {1: (0, 12, True), 2: (0, 8, True)}
+    assert output_len(scheduler, 1) == output_len(scheduler, 2) == 3
+
+
+def test_check_refuses_what_add_would_without_queueing() -> None:
+    scheduler = make()
+    with pytest.raises(RequestError, match="prompt of 64 tokens"):
+        scheduler.check(Sequence(1, "long", range(64)))
+    scheduler.check(Sequence(2, "ok", range(5)))
+    assert not scheduler.has_unfinished()

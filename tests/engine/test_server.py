@@ -362,6 +362,24 @@ async def test_stopped_engine_reports_unhealthy_and_refuses_requests(tiny_path: 
     assert response.status_code == 503 and response.json()["error"]["code"] == "engine_stopped"
 
 
+async def test_metrics_report_weight_updates(tiny_path: Path) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, max_model_len=128)
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        app = create_app(async_engine, tokenizer, MODEL)
+        weights = {name: param.detach().clone() for name, param in engine.runner.model.named_parameters()}
+        assert await async_engine.update_weights(weights, version=3) == 3
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            metrics = (await client.get("/metrics")).text
+    finally:
+        async_engine.shutdown()
+    assert "tether_policy_version 3.0" in metrics
+    assert "tether_weight_updates_total 1.0" in metrics
+    assert "tether_prefix_cache_invalidations_total 1.0" in metrics
+    assert "tether_pending_weight_updates 0.0" in metrics
+
+
 async def test_stop_string_cuts_whole_and_streamed_text_alike(client: httpx.AsyncClient) -> None:
     fields = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
     full = (await client.post(TEXT, json=text("stop here", **fields))).json()["choices"][0]["text"]

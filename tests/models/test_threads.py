@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from tether.models.threads import configure_threads, cpu_times, idle_cores
+from tether.models.threads import configure_threads, cpu_times, idle_cores, strict_matmul
 
 STAT = """cpu  100 0 50 800 50 0 0 0 0 0
 cpu0 50 0 25 400 25 0 0 0 0 0
@@ -47,3 +49,12 @@ def test_configure_threads_sets_at_least_one_and_honours_the_cap() -> None:
             configure_threads(reserved_cores=-1)
     finally:
         torch.set_num_threads(previous)
+
+
+def test_strict_matmul_asks_mkl_for_strict_mode_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    assert strict_matmul() is True
+    assert os.environ["MKL_CBWR"] == "AUTO,STRICT"
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert strict_matmul() is False  # a user's own setting wins, and is reported as not strict
+    assert os.environ["MKL_CBWR"] == "COMPATIBLE"

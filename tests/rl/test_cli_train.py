@@ -7,9 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tether.cli.main import app
+from tether.cli.train import step_view
+from tether.rl.config import parse_config
 
 runner = CliRunner()
 
@@ -55,6 +58,7 @@ def test_train_writes_the_run_directory_and_resume_continues(
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     assert (run_dir / "config.toml").is_file() and (run_dir / "checkpoints" / "latest").is_file()
+    assert "Steps recorded: 2." in (run_dir / "report.html").read_text()
     # The run's own config, with more steps, continues from step 2.
     text = (run_dir / "config.toml").read_text().replace("steps = 2", "steps = 3")
     (run_dir / "config.toml").write_text(text)
@@ -86,3 +90,57 @@ def test_unknown_environment_is_named(tiny_model: Callable[[str], Path], tmp_pat
     result = runner.invoke(app, ["train", "--config", str(config)])
     assert result.exit_code != 0
     assert "unknown environment 'math/nope'" in " ".join(result.output.split())
+
+
+def _view_text(metrics: dict[str, float]) -> str:
+    config = parse_config({"envs": {"weights": {"math/arithmetic": 1.0}}, "run": {"steps": 5}})
+    console = Console(record=True, width=200)
+    console.print(step_view(config, metrics))
+    return console.export_text()
+
+
+BASE_METRICS = {
+    "step": 2.0,
+    "reward": 0.25,
+    "pass_rate": 0.25,
+    "tokens_per_s": 40.0,
+    "staleness_mean": 0.5,
+    "staleness_max": 1.0,
+    "time/step_s": 9.0,
+    "time/generate_s": 5.0,
+    "time/score_s": 0.5,
+    "time/learn_s": 3.0,
+    "time/push_s": 0.1,
+    "domain/math/arithmetic/rollouts": 4.0,
+    "domain/math/arithmetic/reward": 0.25,
+    "domain/math/arithmetic/pass_rate": 0.25,
+    "domain/math/arithmetic/response_tokens": 30.0,
+    "domain/math/arithmetic/truncation_rate": 0.0,
+    "domain/math/arithmetic/sandbox_s": 0.0,
+}
+
+
+def test_live_view_shows_step_rewards_throughput_time_split_and_staleness() -> None:
+    text = _view_text(BASE_METRICS)
+    assert "step 2/5" in text and "40 tok/s" in text and "staleness 0.50 (max 1)" in text
+    assert "generate 5.0s + score 0.5s + learn 3.0s" in text
+    assert "math/arithmetic" in text and "0.250" in text
+
+
+def test_live_view_of_an_async_step_separates_waiting_from_overlapped_generation() -> None:
+    text = _view_text({**BASE_METRICS, "time/wait_s": 1.5})
+    assert "wait 1.5s + learn 3.0s" in text
+    assert "rollout thread: generate 5.0s + score 0.5s" in text
+
+
+def test_live_view_prints_the_logprob_gap_and_the_ratio_spread() -> None:
+    metrics = {
+        **BASE_METRICS,
+        "learner/max_logprob_diff": 3e-6,
+        "learner/ratio_min": 0.97,
+        "learner/ratio_max": 1.05,
+        "learner/ratio_std": 0.02,
+    }
+    text = _view_text(metrics)
+    assert "logprob diff 3.0e-06" in text
+    assert "ratio 0.970..1.050 (std 2.0e-02)" in text

@@ -33,6 +33,7 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({**MINIMAL, "algorithm": {"advantage": "ppo"}}, "advantage = 'ppo': Input should be 'grpo'"),
         ({**MINIMAL, "algorithm": {"aggregation": "mean"}}, "algorithm.aggregation = 'mean'"),
         ({**MINIMAL, "algorithm": {"clip_low": 1.0}}, "clip_low = 1.0: Input should be less than 1"),
+        ({**MINIMAL, "algorithm": {"tis_cap": 0.5}}, "algorithm.tis_cap = 0.5: Input should be greater than"),
         ({**MINIMAL, "rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt = 0"),
         ({**MINIMAL, "rollout": {"temperature": 0}}, "temperature = 0: Input should be greater than 0"),
         ({**MINIMAL, "model": {"device": "gpu"}}, "model.device = 'gpu': String should match pattern"),

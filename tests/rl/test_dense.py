@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -133,3 +134,60 @@ def test_shared_prefix_gives_the_padded_logprobs_and_gradients(tiny_model: Calla
 def test_shared_prefix_refuses_empty_pieces(groups: list[tuple[list[int], list[list[int]]]]) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         DenseBatch.shared_prefix(groups)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Multi-threaded BLAS splits a matmul by its row count; one thread keeps every kernel batch-invariant."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize(("architecture", "temperature"), [("llama", 1.0), ("qwen3", 0.7), ("qwen2", 0.0)])
+def test_dense_logprobs_equal_a_batch_invariant_engine_bit_for_bit(
+    tiny_model: Callable[[str], Path], architecture: str, temperature: float
+) -> None:
+    folder = tiny_model(architecture)
+    # Prompts longer than a block and a token budget smaller than the prompts: chunked prefill, prefill
+    # beside decode, and decode steps of a few sequences all feed the recorded logprobs.
+    engine, _ = LLMEngine.from_pretrained(
+        folder, kv_cache_mib=4, seed=3, block_size=4, max_num_batched_tokens=8, max_num_seqs=8
+    )
+    engine.runner.model.set_batch_invariant(True)
+    params = SamplingParams(n=3, temperature=temperature, max_tokens=20, seed=11, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    model, _, _ = load(folder)
+    groups = [(o.prompt_token_ids, [c.token_ids for c in o.completions]) for o in outputs]
+    sequences = [p + c for p, cs in groups for c in cs]
+    targets = [(len(p), len(p) + len(c)) for p, cs in groups for c in cs]
+    recorded = [torch.tensor(c.logprobs) for o in outputs for c in o.completions]
+    for batch in (
+        DenseBatch.padded(sequences),
+        DenseBatch.packed(sequences, 48),
+        DenseBatch.shared_prefix(groups),
+    ):
+        with torch.no_grad():
+            ours = token_logprobs(model, batch, targets, temperature)
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(ours, recorded, strict=True))
+
+
+def test_engine_attention_in_the_dense_forward_has_torchs_gradients(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    folder = tiny_model("qwen3")
+    batch = DenseBatch.shared_prefix([([5, 6, 7, 8], [[9, 10, 11], [12]])])
+    grads = []
+    for native in (True, False):
+        model, _, _ = load(folder)
+        model.requires_grad_(True)
+        with mock.patch("tether.models.dense.native_decode_applies", return_value=native):
+            logprobs = token_logprobs(model, batch, [(4, 7), (4, 5)])
+        torch.autograd.backward(torch.cat(logprobs).sum())
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        other = grads[1][name]
+        assert grad is not None and other is not None
+        assert torch.allclose(grad, other, atol=1e-5), name

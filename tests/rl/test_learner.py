@@ -1,4 +1,5 @@
-"""The learner on a tiny model: accumulation equals one big batch, KL to a reference, bad settings."""
+"""The learner on a tiny model: accumulation equals one big batch, prompts shared within a row and
+zero-advantage samples skipped without changing the update, KL to a reference, bad settings."""
 
 from __future__ import annotations
 
@@ -10,14 +11,24 @@ import torch
 
 from tether.errors import ConfigError
 from tether.models import load
+from tether.models.dense import DenseBatch, token_logprobs
 from tether.rl.config import OptimSection
-from tether.rl.learner import Learner, Sample
-from tether.rl.losses import Aggregation, LossConfig
+from tether.rl.learner import Learner, Sample, plan_micro_batches
+from tether.rl.losses import Aggregation, LossConfig, Normaliser, policy_loss
 
 SAMPLES = [
     Sample([3, 4, 5, 6, 7], 2, [-4.0, -5.0, -4.5], 1.0),
     Sample([3, 9, 8], 1, [-5.2, -5.1], -0.5),
     Sample([11, 12, 13, 14], 3, [-4.9], 0.25),
+]
+# Two prompts with several samples each, two of them with advantage 0 (all-equal groups look like that).
+SHARED = [
+    Sample([3, 4, 5, 6, 7], 2, [-4.0, -5.0, -4.5], 1.0),
+    Sample([11, 12, 13, 14], 3, [-4.9], 0.5),
+    Sample([3, 4, 9, 8], 2, [-5.2, -5.1], -1.0),
+    Sample([3, 4, 12], 2, [-4.9], 0.0),
+    Sample([11, 12, 13, 7, 7], 3, [-4.0, -4.2], 0.0),
+    Sample([3, 4, 6], 2, [-4.4], 0.5),
 ]
 
 
@@ -52,6 +63,75 @@ def test_micro_batches_accumulate_to_the_full_batch_update(
         whole.model.named_parameters(), pieces.model.named_parameters(), strict=True
     ):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+def _reference_update(folder: Path, samples: list[Sample], how: Aggregation) -> torch.nn.Module:
+    """The update written out plainly: every sample padded in its own row, one loss, one AdamW step."""
+    model = load(folder)[0].train().requires_grad_(True)
+    width = max(len(s.behaviour_logprobs) for s in samples)
+
+    def rows(values: list[list[float]]) -> torch.Tensor:
+        return torch.tensor([v + [0.0] * (width - len(v)) for v in values])
+
+    batch = DenseBatch.padded([s.token_ids for s in samples])
+    targets = [(s.completion_start, len(s.token_ids)) for s in samples]
+    logprobs = torch.stack(
+        [torch.nn.functional.pad(lp, (0, width - len(lp))) for lp in token_logprobs(model, batch, targets)]
+    )
+    mask = rows([[1.0] * len(s.behaviour_logprobs) for s in samples])
+    norm = Normaliser(len(samples), int(mask.sum()), 4)
+    advantages = torch.tensor([s.advantage for s in samples])
+    behaviour = rows([s.behaviour_logprobs for s in samples])
+    loss = policy_loss(logprobs, behaviour, advantages, mask, LossConfig(aggregation=how), norm).loss
+    torch.autograd.backward(loss)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.optim.AdamW(model.parameters(), lr=1.0, eps=1.0, weight_decay=0.0).step()
+    return model
+
+
+@pytest.mark.parametrize("how", list(Aggregation))
+def test_shared_prompts_and_skipped_samples_give_the_plain_update(
+    tiny_model: Callable[[str], Path], how: Aggregation
+) -> None:
+    learner = _learner(tiny_model("llama"), 8, how=how)
+    stats = learner.step(SHARED)
+    assert stats.skipped_sequences == 2
+    assert stats.tokens == 10
+    expected = _reference_update(tiny_model("llama"), SHARED, how)
+    for (name, a), (_, b) in zip(learner.model.named_parameters(), expected.named_parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_a_step_with_every_sample_skipped_still_steps_the_optimizer(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    learner = _learner(tiny_model("llama"), 8)
+    learner.step(SAMPLES)
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    stats = learner.step(
+        [Sample(s.token_ids, s.completion_start, s.behaviour_logprobs, 0.0) for s in SAMPLES]
+    )
+    assert stats.skipped_sequences == len(SAMPLES)
+    assert stats.grad_norm == 0.0
+    # AdamW's moments from the first step keep moving the weights, as with a computed zero gradient.
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
+
+
+def test_micro_batch_plan_groups_prompts_splits_large_groups_and_puts_long_rows_first() -> None:
+    samples = [
+        Sample([1, 2, 3], 2, [-1.0], 1.0),  # prompt A
+        Sample([5, 6, 7, 8, 9, 9], 2, [-1.0] * 4, 1.0),  # prompt B
+        Sample([1, 2, 4], 2, [-1.0], 1.0),  # A
+        Sample([1, 2, 5], 2, [-1.0], 1.0),  # A
+        Sample([1, 2, 6], 2, [-1.0], 0.0),  # A, not trained
+        Sample([5, 6, 7], 2, [-1.0], 1.0),  # B
+    ]
+    trained = [s.advantage != 0 for s in samples]
+    assert plan_micro_batches(samples, 5, trained) == [[[1, 5], [0, 2, 3]]]
+    assert plan_micro_batches(samples, 4, trained) == [[[1, 5]], [[0, 2, 3]]]
+    assert plan_micro_batches(samples, 2, trained) == [[[1, 5]], [[0, 2]], [[3]]]
+    assert plan_micro_batches(samples, 1, trained) == [[[1]], [[0]], [[2]], [[3]], [[5]]]
+    assert plan_micro_batches(samples, 4, [False] * len(samples)) == []
 
 
 def test_kl_to_the_reference_starts_at_zero_then_grows(tiny_model: Callable[[str], Path]) -> None:

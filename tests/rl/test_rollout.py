@@ -1,11 +1,22 @@
-"""Prompt planning, batch building and per-domain metrics: the pure parts around the engine."""
+"""Prompt planning, batch building, per-domain metrics and the correction of stale samples."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
+import torch
 
 from tether.envs.registry import Mixture
-from tether.rl.config import AlgorithmSection
+from tether.errors import ConfigError
+from tether.models import load
+from tether.models.dense import DenseBatch, token_logprobs
+from tether.rl.config import AlgorithmSection, OptimSection
+from tether.rl.learner import Learner, Sample
+from tether.rl.losses import LossConfig
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.rollout import Rollout, plan_prompts
 from tether.rl.trainer import to_samples
@@ -90,3 +101,86 @@ def test_metrics_are_reported_overall_and_per_domain() -> None:
 def test_to_samples_needs_whole_groups() -> None:
     with pytest.raises(AssertionError, match="whole groups"):
         to_samples([_rollout("a/x", 0, 1.0)], AlgorithmSection(), 2, 8)
+
+
+def test_samples_of_rollouts_with_older_tokens_are_stale() -> None:
+    rollouts = [_rollout("a/x", 0, 1.0), _rollout("a/x", 0, 0.0)]
+    rollouts[1].versions = [4, 5, 5]
+    batch = to_samples(rollouts, AlgorithmSection(), 2, 8, policy_version=5)
+    assert [s.stale for s in batch.samples] == [True, True]
+    assert [s.stale for s in to_samples(rollouts, AlgorithmSection(), 2, 8, policy_version=4).samples] == [
+        False,
+        False,
+    ]
+    rollouts[0].versions = [5, 5, 5]
+    assert [s.stale for s in to_samples(rollouts, AlgorithmSection(), 2, 8, policy_version=5).samples] == [
+        False,
+        True,
+    ]
+
+
+def test_observation_tokens_count_neither_as_response_nor_as_stale() -> None:
+    episode = _rollout("a/x", 0, 1.0, tokens=5)
+    episode.loss_mask = [True, False, False, True, True]
+    episode.versions = [6, -1, -1, 6, 6]
+    metrics = domain_metrics([episode])
+    assert metrics["response_tokens"] == 3.0
+    assert staleness([episode], policy_version=6) == {"staleness_mean": 0.0, "staleness_max": 0.0}
+    sample = to_samples([episode], AlgorithmSection(), 1, 8, policy_version=6).samples[0]
+    assert sample.loss_mask == episode.loss_mask and not sample.stale
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"behaviour_logprobs": [-1.0]}, "behaviour_logprobs has 1 entries for 2 completion tokens"),
+        ({"loss_mask": [True, False, True]}, "loss_mask has 3 entries for 2 completion tokens"),
+        ({"completion_start": 4, "behaviour_logprobs": []}, "completion_start 4 must leave"),
+        ({"completion_start": 0, "behaviour_logprobs": [-1.0] * 4}, "completion_start 0 must leave"),
+    ],
+)
+def test_inconsistent_samples_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    fields: dict[str, Any] = {
+        "token_ids": [1, 2, 3, 4],
+        "completion_start": 2,
+        "behaviour_logprobs": [-1.0, -2.0],
+        "advantage": 1.0,
+    }
+    with pytest.raises(ValueError, match=message):
+        Sample(**{**fields, **kwargs})
+
+
+def _learner(folder: Path) -> Learner:
+    model, _, _ = load(folder)
+    return Learner(
+        model, OptimSection(max_grad_norm=1e9), LossConfig(), total_steps=1, temperature=1.0, max_new_tokens=4
+    )
+
+
+def test_stale_samples_are_weighted_by_truncated_importance_sampling(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    folder = tiny_model("llama")
+    ids, start = [3, 4, 5, 6, 7], 2
+    model, _, _ = load(folder)
+    with torch.no_grad():
+        (current,) = token_logprobs(model, DenseBatch.padded([ids]), [(start, len(ids))])
+    # The behaviour policy gave these tokens a third of today's probability: ratio 3, capped at 2.
+    older = (current - math.log(3.0)).tolist()
+    stale = _learner(folder).step([Sample(ids, start, older, 1.0, stale=True)])
+    fresh = _learner(folder).step([Sample(ids, start, current.tolist(), 1.0)])
+    assert stale.importance_sampling == 1.0 and stale.tis_truncated == 1.0
+    assert stale.ratio_min == pytest.approx(3.0, rel=1e-5) and stale.ratio_max == pytest.approx(3.0, rel=1e-5)
+    assert stale.max_logprob_diff == pytest.approx(math.log(3.0), rel=1e-5)
+    assert stale.grad_norm == pytest.approx(2.0 * fresh.grad_norm, rel=1e-4)  # weight min(3, 2)
+    assert fresh.importance_sampling == 0.0 and fresh.max_logprob_diff == 0.0 and fresh.ratio_std == 0.0
+    # Not stale, the same old logprobs go through the clipped ratio instead: 3 > 1.2, no gradient at all.
+    clipped = _learner(folder).step([Sample(ids, start, older, 1.0)])
+    assert clipped.grad_norm == 0.0 and clipped.clip_fraction == 1.0
+
+
+@pytest.mark.parametrize("cap", [0.5, float("nan"), float("inf")])
+def test_bad_tis_caps_are_refused(tiny_model: Callable[[str], Path], cap: float) -> None:
+    model, _, _ = load(tiny_model("llama"))
+    with pytest.raises(ConfigError, match="tis_cap"):
+        Learner(model, OptimSection(), LossConfig(), 1, 1.0, 4, tis_cap=cap)

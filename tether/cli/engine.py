@@ -49,6 +49,14 @@ def bench_command(
         int, typer.Option("--spec-max-output", help="Output cap of each copy task (speculation).")
     ] = 256,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the output lengths.")] = 0,
+    lanes: Annotated[
+        int | None,
+        typer.Option("--lanes", help="Data-parallel lanes of the engines (default: one per torch thread)."),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", help="Torch threads (default: the cores idle at the start)."),
+    ] = None,
     cache_dir: Annotated[
         Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
     ] = None,
@@ -74,6 +82,8 @@ def bench_command(
             spec_tokens=spec_tokens,
             spec_max_output=spec_max_output,
             seed=seed,
+            lanes=lanes,
+            threads=threads,
         )
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console

@@ -17,6 +17,7 @@ from tether.cli.common import CliState, pool_config, state, user_errors
 from tether.cli.eval import eval_command
 from tether.cli.gateway import app as gateway_app
 from tether.cli.jobs import app as jobs_app
+from tether.cli.rl import app as rl_app
 from tether.cli.serve import serve_command
 from tether.cli.sim import sim_command
 from tether.cli.train import train_command
@@ -32,6 +33,7 @@ app.command("serve")(serve_command)
 app.command("eval")(eval_command)
 app.command("sim")(sim_command)
 app.command("train")(train_command)
+app.add_typer(rl_app, name="rl")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
 app.add_typer(gateway_app, name="gateway")

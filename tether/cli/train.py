@@ -30,15 +30,26 @@ def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
     head = Text.assemble(
         (f"{config.run.name} ", "bold"),
         f"step {step}/{steps}  reward {metrics['reward']:.3f}  pass {metrics['pass_rate']:.1%}  "
-        f"{metrics['tokens_per_s']:.0f} tok/s  staleness {metrics['staleness_mean']:.2f}  "
-        f"loss {metrics.get('learner/loss', 0.0):+.4f}",
+        f"{metrics['tokens_per_s']:.0f} tok/s  "
+        f"staleness {metrics['staleness_mean']:.2f} (max {metrics['staleness_max']:.0f})  "
+        f"loss {metrics.get('learner/loss', 0.0):+.4f}  "
+        f"logprob diff {metrics.get('learner/max_logprob_diff', 0.0):.1e}  "
+        f"ratio {metrics.get('learner/ratio_min', 1.0):.3f}..{metrics.get('learner/ratio_max', 1.0):.3f} "
+        f"(std {metrics.get('learner/ratio_std', 0.0):.1e})",
     )
-    timing = Text(
-        f"step {metrics['time/step_s']:.1f}s = generate {metrics['time/generate_s']:.1f}s + "
-        f"score {metrics['time/score_s']:.1f}s + learn {metrics['time/learn_s']:.1f}s + "
-        f"push {metrics['time/push_s']:.2f}s",
-        style="dim",
-    )
+    generate, score = metrics["time/generate_s"], metrics["time/score_s"]
+    learn, push = metrics["time/learn_s"], metrics.get("time/push_s", 0.0)
+    if "time/wait_s" in metrics:  # async: generation and scoring overlap learning on the rollout thread
+        split = (
+            f"step {metrics['time/step_s']:.1f}s = wait {metrics['time/wait_s']:.1f}s + learn {learn:.1f}s + "
+            f"push {push:.2f}s; rollout thread: generate {generate:.1f}s + score {score:.1f}s"
+        )
+    else:
+        split = (
+            f"step {metrics['time/step_s']:.1f}s = generate {generate:.1f}s + score {score:.1f}s + "
+            f"learn {learn:.1f}s + push {push:.2f}s"
+        )
+    timing = Text(split, style="dim")
     table = Table(box=None, pad_edge=False)
     for column in ("domain", "rollouts", "reward", "pass", "tokens", "truncated", "sandbox s"):
         table.add_column(column, justify="left" if column == "domain" else "right")
@@ -67,6 +78,10 @@ def train_command(
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Run directory to continue from its latest checkpoint.")
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="local, or ray (actors, see [ray]); default: run.backend."),
+    ] = None,
 ) -> None:
     """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""
     if (config_file is None) == (resume is None):
@@ -74,7 +89,7 @@ def train_command(
     # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
     from tether.envs.base import SandboxProvider
     from tether.models import configure_threads
-    from tether.rl.config import load_config
+    from tether.rl.config import load_config, parse_config
     from tether.rl.trainer import build_trainer
 
     with user_errors():
@@ -86,6 +101,9 @@ def train_command(
         else:
             assert config_file is not None
             config = load_config(config_file)
+        if backend is not None:
+            raw = config.model_dump()
+            config = parse_config({**raw, "run": {**raw["run"], "backend": backend}}, "--backend")
         if config.model.cache_dir is None:
             model = config.model.model_copy(update={"cache_dir": settings.cache_dir})
             config = config.model_copy(update={"model": model})

@@ -2,27 +2,36 @@
 
 Callers submit through a thread-safe inbox and read increments (new tokens, logprobs, text) through an
 `async for`; leaving the loop early (a disconnect, a cancelled task) aborts the request. The engine thread
-only drains the inbox and steps: preemption and recomputation stay inside the scheduler. This module
-knows nothing about HTTP or tokenization.
+only drains the inbox and steps: preemption and recomputation stay inside the scheduler. Weight updates go
+through the same inbox, so the engine applies them between steps under its configured policy; a request
+restarted by `abort_and_retry` streams again from its first token, marked by `RequestDelta.retries`. This
+module knows nothing about HTTP or tokenization.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tether.engine.block_manager import BlockManagerStats
 from tether.engine.llm_engine import Completion, LLMEngine, RequestOutput
+from tether.engine.model_runner import WeightUpdateError
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
+from tether.engine.weight_update import NamedTensors, WeightUpdateStats
 from tether.errors import ConfigError, TetherError
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +69,8 @@ class CompletionDelta:
     logprobs: tuple[float, ...]
     text: str
     finish_reason: FinishReason | None
+    versions: tuple[int, ...] = ()
+    """The policy version of each new token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,9 @@ class RequestDelta:
     completions: tuple[CompletionDelta, ...]
     """Only the samples that changed."""
     finished: bool
+    retries: int = 0
+    """Restarts so far (`abort_and_retry`); when it grows, everything streamed before is void and this
+    delta starts every sample again from its first token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +96,7 @@ class EngineStats:
     num_preemptions: int = 0
     blocks: BlockManagerStats | None = None
     steps: int = 0
+    weights: WeightUpdateStats | None = None
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -118,6 +133,7 @@ class _Tracker:
             tuple(completion.logprobs[self.tokens :]),
             text,
             completion.finish_reason,
+            tuple(completion.versions[self.tokens :]),
         )
         self.tokens = len(completion.token_ids)
         self.text += text
@@ -133,11 +149,20 @@ class _Submission:
     loop: asyncio.AbstractEventLoop
     outbox: asyncio.Queue[RequestDelta | BaseException]
     trackers: list[_Tracker] = field(default_factory=list)
+    retries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    tensors: list[tuple[str, torch.Tensor]]
+    version: int | None
+    done: concurrent.futures.Future[int]
+    """Resolves to the version once the engine has applied it."""
 
 
 class AsyncEngine:
@@ -146,11 +171,12 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, config: AsyncEngineConfig | None = None) -> None:
         self.engine = engine
         self.config = config or AsyncEngineConfig()
-        self.stats = EngineStats(blocks=engine.block_manager.stats())
+        self.stats = EngineStats(blocks=engine.block_manager.stats(), weights=engine.weight_stats)
         self.error: BaseException | None = None
         """Why the loop stopped, if it failed."""
-        self._inbox: queue.SimpleQueue[_Submission | _Abort | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submission | _Abort | _Update | None] = queue.SimpleQueue()
         self._live: dict[str, _Submission] = {}  # owned by the engine thread
+        self._updates: list[tuple[int, concurrent.futures.Future[int]]] = []  # accepted, not applied yet
         self._pending = 0  # submitted and not yet finished; guarded by _lock
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -222,6 +248,18 @@ class AsyncEngine:
             if not finished:
                 self._inbox.put(_Abort(request_id))
 
+    async def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
+        """Hand new weights to the engine thread; returns their version once the engine has applied them
+        (under `wait`, after the requests admitted before them). The tensors must not change until then.
+        A bad update raises the engine's `WeightUpdateError` and changes nothing."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._lock:
+            if self._thread is None or self._closing or self._stopping.is_set():
+                raise EngineStoppedError("the engine is not running") from self.error
+            self._inbox.put(_Update(items, version, done))
+        return await asyncio.wrap_future(done)
+
     # engine thread
 
     def _run(self) -> None:
@@ -252,6 +290,11 @@ class AsyncEngine:
                 if self._live.pop(item.request_id, None) is not None:
                     self.engine.abort(item.request_id)
                     self._release()
+                self._resolve_updates()  # the abort may have let a waiting update apply
+                self._snapshot(steps=self.stats.steps)
+                continue
+            if isinstance(item, _Update):
+                self._update(item)
                 continue
             try:
                 self.engine.add_request(item.request_id, item.prompt_token_ids, item.params, item.priority)
@@ -262,11 +305,34 @@ class AsyncEngine:
             item.trackers = [_Tracker() for _ in range(item.params.n)]
             self._live[item.request_id] = item
 
+    def _update(self, item: _Update) -> None:
+        try:
+            self.engine.update_weights(item.tensors, item.version)
+        except WeightUpdateError as error:  # refused before anything changed: the caller's error only
+            item.done.set_exception(error)
+            return
+        except BaseException as error:  # anything else stops the loop; the caller learns why
+            item.done.set_exception(error)
+            raise
+        self._updates.append((self.engine.latest_version, item.done))
+        self._resolve_updates()
+        self._snapshot(steps=self.stats.steps)
+
+    def _resolve_updates(self) -> None:
+        applied = self.engine.policy_version
+        for version, done in [entry for entry in self._updates if entry[0] <= applied]:
+            done.set_result(version)
+        self._updates = [entry for entry in self._updates if entry[0] > applied]
+
     def _publish(self, outputs: list[RequestOutput]) -> None:
+        self._resolve_updates()
         for output in outputs:
             submission = self._live.get(output.request_id)
             if submission is None:
                 continue  # aborted by its caller meanwhile
+            if output.retries != submission.retries:
+                submission.retries = output.retries
+                submission.trackers = [_Tracker() for _ in submission.trackers]
             changed = []
             for tracker, completion in zip(submission.trackers, output.completions, strict=True):
                 delta = tracker.delta(completion, submission.params.stop)
@@ -282,11 +348,15 @@ class AsyncEngine:
                         output.num_cached_tokens,
                         tuple(changed),
                         finished,
+                        output.retries,
                     ),
                 )
             if finished:
                 del self._live[output.request_id]
                 self._release()
+        self._snapshot(steps=self.stats.steps + 1)
+
+    def _snapshot(self, steps: int) -> None:
         scheduler = self.engine.scheduler
         self.stats = EngineStats(
             num_waiting=len(scheduler.waiting),
@@ -294,11 +364,12 @@ class AsyncEngine:
             num_pending_requests=self._pending,
             num_preemptions=scheduler.num_preemptions,
             blocks=self.engine.block_manager.stats(),
-            steps=self.stats.steps + 1,
+            steps=steps,
+            weights=self.engine.weight_stats,
         )
 
     def _fail_all(self, error: BaseException) -> None:
-        while True:  # submissions still in the inbox never reached the engine
+        while True:  # submissions and updates still in the inbox never reached the engine
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -306,6 +377,11 @@ class AsyncEngine:
             if isinstance(item, _Submission):
                 self._send(item, error)
                 self._release()
+            elif isinstance(item, _Update):
+                item.done.set_exception(error)
+        for _, done in self._updates:
+            done.set_exception(error)
+        self._updates.clear()
         for submission in self._live.values():
             self._send(submission, error)
             self._release()

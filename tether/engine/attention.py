@@ -6,9 +6,10 @@ layer. What that call needs (padded block tables, lengths, mask) depends only on
 so `AttentionMetadata.build` prepares it once. A multi-token chunk (a prefill, or a speculative
 verification) is handled on its own, with a causal mask offset by its cached length. Grouped-query
 attention never copies K/V per query head: the query heads of a group are folded into the query axis.
-On CPU with float32 caches, decode attention runs in a small C kernel (`_paged.c`) that reads K/V
-straight from the blocks instead of gathering a padded copy per layer; elsewhere it is plain torch
-(SDPA, on CPU or CUDA).
+On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that reads K/V
+straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
+row at a time, so a token's attention does not depend on its batch); elsewhere it is plain torch (SDPA,
+on CPU or CUDA).
 """
 
 from __future__ import annotations
@@ -122,12 +123,26 @@ def paged_attention(
     write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
     out = torch.empty_like(q)
     kv_heads = k.shape[1]
+    native = native_decode_applies(q, key_cache, value_cache)
     if metadata.decode is not None:
-        decode = decode_native if native_decode_applies(q, key_cache, value_cache) else decode_torch
+        decode = decode_native if native else decode_torch
         decode(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out)
     for chunk in metadata.chunks:
         span = chunk.span
         end = span.query_start + span.query_len
+        if native:
+            # Every query row of the chunk through the decode kernel, over its own causal prefix: a token's
+            # attention is then computed the same way at prefill, at decode and in the learner's dense
+            # forward (`tether.models.dense`), so their logprobs agree bit for bit (issue 9).
+            out[span.query_start : end] = native_attention(
+                q[span.query_start : end],
+                key_cache,
+                value_cache,
+                chunk.table[None, :].expand(span.query_len, -1).contiguous(),
+                torch.arange(span.start + 1, span.context_len + 1, device=q.device),
+                scale,
+            )
+            continue
         keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
         values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
         attended = F.scaled_dot_product_attention(
@@ -196,6 +211,39 @@ def decode_native(
         torch.get_num_threads(),
     )
     out[group.rows] = attended
+
+
+def native_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The C kernel over any rows: query row i ([N, heads, head_dim]) attends, in order, to the first
+    lengths[i] cached rows its block table tables[i] names. float32 CPU only (`native_decode_applies`)."""
+    queries = q.contiguous()
+    attended = torch.empty_like(queries)
+    _paged.decode_attention(
+        queries.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        tables.data_ptr(),
+        lengths.data_ptr(),
+        attended.data_ptr(),
+        queries.shape[0],
+        queries.shape[1],
+        key_cache.shape[2],
+        queries.shape[2],
+        key_cache.shape[1],
+        tables.shape[1],
+        key_cache.shape[0],
+        int(lengths.max()),
+        scale,
+        torch.get_num_threads(),
+    )
+    return attended
 
 
 def native_decode_applies(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:

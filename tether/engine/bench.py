@@ -140,6 +140,10 @@ class BenchConfig:
     """Draft tokens per step (k) of the n-gram speculation measurement."""
     spec_max_output: int = 256
     """Output cap of each copy task (they usually end at EOS sooner)."""
+    lanes: int | None = None
+    """Data-parallel lanes of the engines (see `ModelRunner`); None: one per torch thread."""
+    threads: int | None = None
+    """Torch threads of every measurement; None: the cores idle at the start (`configure_threads`)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -162,6 +166,10 @@ class BenchConfig:
             )
         if self.kv_cache_mib < 1:
             raise ConfigError(f"bench: kv_cache_mib = {self.kv_cache_mib}: expected at least 1")
+        for name in ("lanes", "threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +335,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     """Run every measurement; returns one flat JSON-ready dict of medians and the workload's shape."""
     say = progress or (lambda _message: None)
     started = time.perf_counter()
-    threads = configure_threads()
+    if config.threads is None:
+        threads = configure_threads()
+    else:
+        threads = config.threads
+        torch.set_num_threads(threads)
     folder = resolve(config.model, config.cache_dir)
     say("loading models")
     engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=config.kv_cache_mib, seed=config.seed)
@@ -339,6 +351,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         seed=config.seed,
         speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM, num_speculative_tokens=config.spec_tokens),
     )
+    lanes = config.lanes or threads
+    for each in (engine, int8_engine, spec_engine):
+        each.runner.set_lanes(lanes)
     hf = load_reference(folder)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     workload = make_workload(tokenizer, config)
@@ -408,6 +423,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "hf_batch_size": config.hf_batch_size,
         "repeats": config.repeats,
         "threads": threads,
+        "lanes": lanes,
         "throughput_tok_s": throughput,
         "hf_throughput_tok_s": hf_throughput,
         "throughput_speedup": ratio(throughput, hf_throughput),

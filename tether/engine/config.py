@@ -34,9 +34,19 @@ class EngineConfig:
     """Reuse the KV of full blocks whose whole token prefix was computed before."""
     preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE
     """Accepts the enum or its value; stored as the enum."""
+    lanes: int = 1
+    """Forwards run at once per step on CPU, each over a share of the batch and of torch's threads
+    (`ModelRunner.set_lanes`); set it to the torch thread count when the engine owns the cores."""
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in (
+            "num_blocks",
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "lanes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine: {name} = {value!r}: expected an integer of at least 1")

@@ -2,15 +2,16 @@
 
 Requests carry token ids in and out (the engine never re-tokenizes); text is produced only for stop
 strings and for callers that ask, through the `detokenize` function given at construction. Every sampled
-token records its logprob and the policy version (weights) that produced it. Not thread-safe: one loop
-calls `add_request`, `abort`, `step` and `update_weights`. With a `SpeculativeConfig`, each decoding
-sequence's step verifies draft tokens in the same forward pass and may emit several tokens.
+token records its logprob and the policy version (weights) that produced it; what a weight update does to
+requests in flight is the configured `UpdatePolicy` (`weight_update.py`). Not thread-safe: one loop calls
+`add_request`, `abort`, `step` and `update_weights`. With a `SpeculativeConfig`, each decoding sequence's
+step verifies draft tokens in the same forward pass and may emit several tokens.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,16 @@ from tether.engine.speculative import (
     make_proposer,
     verify,
 )
+from tether.engine.weight_update import (
+    NamedTensors,
+    UpdatePolicy,
+    UpdateQueue,
+    WeightUpdateConfig,
+    WeightUpdateStats,
+    check_named_tensors,
+    check_version,
+    parameter_shapes,
+)
 from tether.errors import ConfigError
 from tether.models import load
 
@@ -51,6 +62,12 @@ class Completion:
     text: str = ""
     finish_reason: FinishReason | None = None
 
+    @property
+    def policy_versions(self) -> tuple[int, ...]:
+        """The versions this completion spans, ascending: more than one only under `pause_resume` (or
+        `abort_and_retry` past `max_retries`)."""
+        return tuple(sorted(set(self.versions)))
+
 
 @dataclass(slots=True)
 class RequestOutput:
@@ -58,6 +75,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     completions: list[Completion]
     num_cached_tokens: int
+    retries: int = 0
+    """Restarts from the prompt because a weight update aborted the request (`abort_and_retry`); the
+    completions hold only the last attempt."""
 
     @property
     def finished(self) -> bool:
@@ -69,9 +89,10 @@ class _Request:
     output: RequestOutput
     params: SamplingParams
     priority: int
-    seq_index: dict[int, int]  # seq id -> completion index
-    generators: list[torch.Generator | None]
-    detokenizers: list[IncrementalDetokenizer] | None
+    seeds: list[int]  # of each sample's generator, kept to restart the request identically
+    seq_index: dict[int, int] = field(default_factory=dict)  # seq id -> completion index
+    generators: list[torch.Generator | None] = field(default_factory=list)
+    detokenizers: list[IncrementalDetokenizer] | None = None
     forked: bool = False
 
 
@@ -84,6 +105,7 @@ class LLMEngine:
         detokenize: Callable[[list[int]], str] | None = None,
         seed: int = 0,
         speculative: SpeculativeConfig | None = None,
+        weight_update: WeightUpdateConfig | None = None,
     ) -> None:
         if config.num_blocks > runner.kv_cache.num_blocks or config.block_size != runner.block_size:
             raise ValueError(
@@ -91,12 +113,21 @@ class LLMEngine:
                 f"runner's KV cache ({runner.kv_cache.num_blocks} blocks of {runner.block_size})"
             )
         self.runner = runner
+        runner.set_lanes(config.lanes)
         self.config = config
         self.block_manager = BlockManager.from_config(config)
         self.scheduler = Scheduler(config, self.block_manager)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
         self.policy_version = 0
+        """Version of the weights in the model now; `update_weights` advances it."""
+        self.weight_update = weight_update or WeightUpdateConfig()
+        self._updates = UpdateQueue()
+        self._held: dict[str, Sequence] = {}  # added behind a pending update, not yet in the scheduler
+        self._num_updates = 0
+        self._num_invalidations = 0
+        self._num_retries = 0
+        self._num_recomputed = 0
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed = torch.Generator().manual_seed(seed)
@@ -123,6 +154,7 @@ class LLMEngine:
         seed: int = 0,
         quantization: str | None = None,
         speculative: SpeculativeConfig | None = None,
+        weight_update: WeightUpdateConfig | None = None,
         **engine_options: Any,
     ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
         """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`."""
@@ -152,6 +184,7 @@ class LLMEngine:
             detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
             seed=seed,
             speculative=speculative,
+            weight_update=weight_update,
         )
         return engine, tokenizer
 
@@ -168,42 +201,56 @@ class LLMEngine:
         if params.stop and self.detokenize is None:
             raise RequestError("stop strings need an engine built with a detokenize function")
         seq = Sequence(next(self._seq_ids), request_id, prompt_token_ids, priority=priority)
-        self.scheduler.add(seq)
-        generators: list[torch.Generator | None] = []
+        self.scheduler.check(seq)
+        if self._updates.hold(request_id):
+            self._held[request_id] = seq
+        else:
+            self.scheduler.add(seq)
+        seeds = []
         for index in range(params.n):
             base = (
                 params.seed
                 if params.seed is not None
                 else int(torch.randint(2**62, (1,), generator=self._seed))
             )
-            generators.append(None if params.greedy else torch.Generator().manual_seed(base + index))
-        output = RequestOutput(
-            request_id, list(prompt_token_ids), [Completion(i) for i in range(params.n)], 0
+            seeds.append(base + index)
+        output = RequestOutput(request_id, list(prompt_token_ids), [], 0)
+        request = _Request(output, params, priority, seeds)
+        self._start(request, seq)
+        self._requests[request_id] = request
+
+    def _start(self, request: _Request, seq: Sequence) -> None:
+        """(Re)set a request's samples to nothing generated, with `seq` as its first sequence."""
+        n = request.params.n
+        request.output.completions[:] = [Completion(i) for i in range(n)]
+        request.seq_index = {seq.seq_id: 0}
+        request.generators = [
+            None if request.params.greedy else torch.Generator().manual_seed(seed) for seed in request.seeds
+        ]
+        request.detokenizers = (
+            None if self.detokenize is None else [IncrementalDetokenizer(self.detokenize) for _ in range(n)]
         )
-        detokenizers = (
-            None
-            if self.detokenize is None
-            else [IncrementalDetokenizer(self.detokenize) for _ in range(params.n)]
-        )
-        self._requests[request_id] = _Request(
-            output, params, priority, {seq.seq_id: 0}, generators, detokenizers
-        )
+        request.forked = False
 
     def abort(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
+        self._held.pop(request_id, None)
         for seq in self.scheduler.abort(request_id):
             self._release_draft(seq)
         for completion in request.output.completions:
             if completion.finish_reason is None:
                 completion.finish_reason = FinishReason.ABORT
+        self._updates.forget(request_id)
+        self._apply_ready_updates()
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that gained tokens or finished in it."""
+        self._apply_ready_updates()
         drafts = self._propose()
         plan = self.scheduler.schedule({seq_id: draft.token_ids for seq_id, draft in drafts.items()})
         if plan.is_empty:
@@ -265,6 +312,8 @@ class LLMEngine:
         for request_id, request in touched.items():
             if request.output.finished:
                 del self._requests[request_id]
+                self._updates.forget(request_id)
+        self._apply_ready_updates()
         return [request.output for request in touched.values()]
 
     def _propose(self) -> dict[int, Draft]:
@@ -373,11 +422,73 @@ class LLMEngine:
             self.step()
         return [outputs[request_id] for request_id in ids]
 
-    def update_weights(
-        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-    ) -> int:
-        """Swap weights between steps: the prefix cache is invalidated and the policy version advances."""
-        count = self.runner.update_weights(named_tensors)
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> int:
+        """Accept new weights as policy `version` (default: the latest applied or pending one plus one);
+        returns how many tensors the update holds.
+
+        Between steps only. The whole update is checked first (names, shapes, float dtypes, a version above
+        every earlier one) and refused with `WeightUpdateError` before anything changes. Under `wait` with
+        requests in flight it is queued (on a private copy of the tensors) and applied by a later `step`;
+        otherwise it is applied now, and in-flight requests follow the configured policy.
+        """
+        latest = self.latest_version
+        version = latest + 1 if version is None else version
+        check_version(version, latest)
+        tensors = check_named_tensors(parameter_shapes(self.runner.model), named_tensors)
+        if self.weight_update.update_policy is UpdatePolicy.WAIT and self._requests:
+            self._updates.push(version, tensors, self._requests)
+        else:
+            self._apply(version, tensors)
+        return len(tensors)
+
+    @property
+    def latest_version(self) -> int:
+        """The newest version accepted: pending under `wait`, else the one in the model."""
+        pending = self._updates.latest_version
+        return self.policy_version if pending is None else pending
+
+    @property
+    def weight_stats(self) -> WeightUpdateStats:
+        return WeightUpdateStats(
+            policy_version=self.policy_version,
+            num_updates_applied=self._num_updates,
+            num_prefix_cache_invalidations=self._num_invalidations,
+            num_pending_updates=len(self._updates),
+            num_held_requests=len(self._held),
+            num_retried_requests=self._num_retries,
+            num_recomputed_sequences=self._num_recomputed,
+        )
+
+    def _apply_ready_updates(self) -> None:
+        """Apply each queued update whose earlier requests have all finished, then admit what it held."""
+        while (update := self._updates.pop_ready()) is not None:
+            assert not self.scheduler.has_unfinished(), "requests admitted before the update have finished"
+            self._apply(update.version, update.tensors)
+            for request_id in update.held:
+                self.scheduler.add(self._held.pop(request_id))
+
+    def _apply(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.runner.update_weights(tensors)
         self.block_manager.invalidate_prefix_cache()
-        self.policy_version += 1
-        return count
+        self._num_invalidations += 1
+        self._num_updates += 1
+        self.policy_version = version
+        if self.weight_update.update_policy is UpdatePolicy.ABORT_AND_RETRY:
+            for request_id, request in self._requests.items():
+                started = any(completion.token_ids for completion in request.output.completions)
+                if started and request.output.retries < self.weight_update.max_retries:
+                    self._retry(request_id, request)
+        # What is still running (everything under pause_resume, partial prefills under abort_and_retry)
+        # computes its KV again with the new weights before it samples.
+        self._num_recomputed += len(self.scheduler.recompute_all())
+
+    def _retry(self, request_id: str, request: _Request) -> None:
+        for seq in self.scheduler.abort(request_id):
+            self._release_draft(seq)
+        seq = Sequence(
+            next(self._seq_ids), request_id, request.output.prompt_token_ids, priority=request.priority
+        )
+        self.scheduler.add(seq)
+        self._start(request, seq)
+        request.output.retries += 1
+        self._num_retries += 1

@@ -3,11 +3,19 @@
 `make_batch` turns per-sequence chunks (new tokens, cached length, block table) into flat tensors;
 `ModelRunner.run` maps them to logits. Which blocks a sequence owns is decided by the caller (the block
 manager); `generate_greedy` carries its own trivial allocator only to serve tests and demos.
+
+With `lanes` > 1, `ModelRunner.step` splits a step's sequences into that many contiguous groups and runs
+one forward per group at once, on its own thread with its own share of torch's threads (data parallel
+over the batch, weights and KV cache shared: each group writes only its own sequences' slots). On a
+small CPU this beats splitting each op across threads: the decode step's matmuls are small enough that
+every op's fork/join costs a noticeable part of the op, and the ops between matmuls (norms, rotary,
+attention, sampling inputs) run in parallel too instead of on one thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +46,30 @@ class Batch:
     logits_indices: (
         torch.Tensor
     )  # LongTensor[S]: last token of each chunk that needs logits (all for all_logits)
+
+
+# A lane must have this many new tokens to be worth a thread of its own: below it the step is bound by
+# reading the weights, which two lanes would each read.
+MIN_LANE_TOKENS = 4
+
+
+def split_lanes(
+    chunks: Sequence[SequenceChunk], lanes: int, min_tokens: int = MIN_LANE_TOKENS
+) -> list[list[SequenceChunk]]:
+    """Contiguous groups of chunks with about equal new tokens, at most `lanes`, each of at least
+    `min_tokens` tokens (one group when the step is too small to share); order is kept, so the
+    groups' logits concatenated are the step's logits in order."""
+    total = sum(len(chunk.token_ids) for chunk in chunks)
+    count = max(1, min(lanes, len(chunks), total // min_tokens))
+    groups: list[list[SequenceChunk]] = [[] for _ in range(count)]
+    seen = 0
+    for chunk in chunks:
+        # The group of a chunk is where its middle token falls, so one long prefill is not split from
+        # its neighbours arbitrarily and each group ends up near total / count tokens.
+        middle = seen + len(chunk.token_ids) / 2
+        groups[min(int(middle * count / total), count - 1)].append(chunk)
+        seen += len(chunk.token_ids)
+    return [group for group in groups if group]
 
 
 class WeightUpdateError(ValueError):
@@ -73,7 +105,12 @@ def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.d
 
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype | None = None,
+        lanes: int = 1,
     ) -> None:
         self.model = model
         self.config: ModelConfig = model.config
@@ -83,6 +120,25 @@ class ModelRunner:
         self.kv_cache = KVCache.allocate(
             self.config, num_blocks, block_size, device=self.device, dtype=kv_dtype or parameter.dtype
         )
+        self._pool: ThreadPoolExecutor | None = None
+        self.lanes = 1
+        self.set_lanes(lanes)
+
+    def set_lanes(self, lanes: int) -> None:
+        """Forwards run at once per step (see the module docstring); 1 runs the whole step as one."""
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise ValueError(f"lanes must be an integer of at least 1, got {lanes!r}")
+        if self.device.type != "cpu" and lanes > 1:
+            raise ValueError(f"lanes > 1 splits CPU cores between forwards; the model is on {self.device}")
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self.lanes = lanes
+        if lanes > 1:
+            self._pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="tether-lane")
+
+    def close(self) -> None:
+        self.set_lanes(1)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> torch.Tensor:
@@ -93,7 +149,27 @@ class ModelRunner:
         return logits.float()
 
     def step(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        return self.run(make_batch(chunks, self.block_size, self.device))
+        # A batch-invariant model pads projections to `min_rows`: a lane with fewer would compute padding.
+        minimum = max(MIN_LANE_TOKENS, self.model.min_rows)
+        groups = split_lanes(chunks, self.lanes, minimum) if self._pool is not None else [chunks]
+        if len(groups) == 1:
+            return self.run(make_batch(chunks, self.block_size, self.device))
+        assert self._pool is not None
+        batches = [make_batch(group, self.block_size, self.device) for group in groups]
+        threads = torch.get_num_threads()
+        share = max(1, threads // len(groups))
+
+        def run_lane(batch: Batch) -> torch.Tensor:
+            torch.set_num_threads(share)  # this thread's OpenMP team; the count itself is process-wide
+            return self.run(batch)
+
+        torch.set_num_threads(share)
+        try:
+            pending = [self._pool.submit(run_lane, batch) for batch in batches[1:]]
+            first = self.run(batches[0])
+            return torch.cat([first, *(future.result() for future in pending)])
+        finally:
+            torch.set_num_threads(threads)
 
     def greedy(self, batch: Batch) -> list[int]:
         return [int(t) for t in self.run(batch).argmax(dim=-1).tolist()]

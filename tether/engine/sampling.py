@@ -78,7 +78,12 @@ def sample_rows(
     results: list[tuple[int, float] | None] = [None] * len(draws)
     greedy = [i for i, (_, params, _) in enumerate(draws) if params.greedy]
     if greedy:
-        rows = logits[torch.tensor([draws[i][0] for i in greedy], device=logits.device)]
+        indices = [draws[i][0] for i in greedy]
+        rows = (  # an all-greedy step (the common case) needs no copy of its logits
+            logits
+            if indices == list(range(logits.shape[0]))
+            else logits[torch.tensor(indices, device=logits.device)]
+        )
         tokens = rows.argmax(dim=-1)
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):

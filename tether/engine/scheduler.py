@@ -16,6 +16,9 @@ a waiting sequence whose next uncached prompt block is being computed by a runni
 (skipped, not blocking) until that block reaches the prefix cache, so requests arriving together with a
 shared system prompt compute it once instead of once each.
 
+Weight updates. `recompute_all()` drops every running sequence's KV between steps, as a preemption of
+all of them: after new weights arrive, old KV must not be attended to.
+
 Speculation. A decoding sequence may be given draft tokens (`schedule(drafts)`): they ride in its chunk
 after its last token when budget, `max_model_len` and free blocks allow (drafts never cause preemption),
 and `update_from_output` rolls back the KV of the drafts the engine rejected before caching any block.
@@ -128,8 +131,8 @@ class Scheduler:
     def get(self, seq_id: int) -> Sequence | None:
         return self._seqs.get(seq_id)
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; it joins the batch at the next `schedule()`."""
+    def check(self, seq: Sequence) -> None:
+        """Raise `RequestError` if `add` would refuse the sequence (for callers that hold it back first)."""
         if seq.seq_id in self._seqs:
             raise RequestError(f"sequence id {seq.seq_id} is already queued or running")
         if not 0 < seq.num_tokens < self.config.max_model_len:
@@ -137,6 +140,10 @@ class Scheduler:
                 f"request {seq.request_id!r}: prompt of {seq.num_tokens} tokens: expected 1 to "
                 f"{self.config.max_model_len - 1} (max_model_len {self.config.max_model_len} less one)"
             )
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; it joins the batch at the next `schedule()`."""
+        self.check(seq)
         assert seq.status is SequenceStatus.WAITING and not seq.block_table and seq.num_computed_tokens == 0
         seq.arrival = self._next_arrival
         self._next_arrival += 1
@@ -176,6 +183,19 @@ class Scheduler:
         for seq in seqs:
             self._finish(seq, FinishReason.ABORT)
         return seqs
+
+    def recompute_all(self) -> list[Sequence]:
+        """Drop the KV of every running sequence (after a weight update it belongs to the old weights): each
+        keeps its tokens and waits to compute them all again. Call between steps; returns those dropped."""
+        assert not self._may_sample, "recompute_all is called between steps"
+        dropped = sorted(self._running, key=_importance)
+        for seq in dropped:
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.PREEMPTED
+        self._running.clear()
+        self._waiting.extend(dropped)
+        return dropped
 
     def schedule(self, drafts: Mapping[int, Seq[int]] | None = None) -> SchedulerOutput:
         """Plan one step; `drafts` maps a decoding sequence to speculative tokens to verify after it."""

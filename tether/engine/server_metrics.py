@@ -48,11 +48,45 @@ class EngineCollector(Collector):
                     stats.blocks.prefix_cache_hit_rate,
                 ),
             ]
+        counters: list[tuple[str, str, float]] = [
+            (
+                "tether_preemptions",
+                "Sequences preempted (KV dropped, recomputed later).",
+                stats.num_preemptions,
+            )
+        ]
+        if stats.weights is not None:
+            weights = stats.weights
+            gauges += [
+                ("tether_policy_version", "Version of the weights in the model.", weights.policy_version),
+                (
+                    "tether_pending_weight_updates",
+                    "Accepted weight updates waiting for earlier requests.",
+                    weights.num_pending_updates,
+                ),
+            ]
+            counters += [
+                ("tether_weight_updates", "Weight updates applied.", weights.num_updates_applied),
+                (
+                    "tether_prefix_cache_invalidations",
+                    "Prefix-cache invalidations (one per applied weight update).",
+                    weights.num_prefix_cache_invalidations,
+                ),
+                (
+                    "tether_retried_requests",
+                    "Requests restarted from the prompt by a weight update.",
+                    weights.num_retried_requests,
+                ),
+                (
+                    "tether_recomputed_sequences",
+                    "Sequences whose KV was recomputed under new weights.",
+                    weights.num_recomputed_sequences,
+                ),
+            ]
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
-        yield CounterMetricFamily(
-            "tether_preemptions", "Sequences preempted (KV dropped, recomputed later).", stats.num_preemptions
-        )
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(name, documentation, value=value)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from torch import nn
 from tether.engine.attention import AttentionMetadata, paged_attention
 from tether.engine.kv_cache import KVCache
 from tether.models.config import ModelConfig
-from tether.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from tether.models.layers import BATCH_INVARIANT_ROWS, GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -25,11 +25,11 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, bias=traits.qkv_bias)
+        self.q_proj = Linear(config.hidden_size, config.num_heads * config.head_dim, bias=traits.qkv_bias)
         kv_dim = config.num_kv_heads * config.head_dim
-        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
-        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
+        self.k_proj = Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
+        self.v_proj = Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
+        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
 
@@ -99,9 +99,19 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.min_rows = 1
+        """Rows every projection computes at least (`set_batch_invariant`)."""
+
+    def set_batch_invariant(self, enabled: bool) -> None:
+        """Make every projection's per-row result independent of the batch (`layers.Linear`): what an RL
+        rollout engine needs so that the learner recomputes its logprobs exactly."""
+        self.min_rows = BATCH_INVARIANT_ROWS if enabled else 1
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.min_rows = self.min_rows
 
     def tie_weights(self) -> None:
         """Re-share the output projection with the embedding (needed after loading with `assign=True`)."""

@@ -26,6 +26,11 @@ class Mode(StrEnum):
     ASYNC = "async"  # generate the next batch while learning on this one, within max_staleness
 
 
+class Backend(StrEnum):
+    LOCAL = "local"  # learner and rollout engine in this process
+    RAY = "ray"  # learner and rollout workers as Ray actors (`ray_backend.py`)
+
+
 class Schedule(StrEnum):
     CONSTANT = "constant"
     LINEAR = "linear"
@@ -34,6 +39,34 @@ class Schedule(StrEnum):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(_Section):
+    """`[model.lora]`: train low-rank adapters (peft) instead of every weight; unset: full fine-tuning."""
+
+    r: int = Field(16, ge=1, le=1024, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="Scaling numerator: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(PROJECTIONS),
+        min_length=1,
+        description=f"Projections that get adapters, some of: {', '.join(PROJECTIONS)}.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known(cls, modules: list[str]) -> list[str]:
+        unknown = sorted(set(modules) - set(PROJECTIONS))
+        if unknown:
+            raise ValueError(
+                f"model.lora.target_modules {unknown}: expected some of {', '.join(PROJECTIONS)}"
+            )
+        if len(set(modules)) != len(modules):
+            raise ValueError(f"model.lora.target_modules {modules}: name each projection once")
+        return modules
 
 
 class ModelSection(_Section):
@@ -46,6 +79,15 @@ class ModelSection(_Section):
     )
     kv_cache_mib: int = Field(256, ge=1, description="Engine KV cache size, MiB.")
     bf16: bool = Field(False, description="Learner forward in bfloat16 autocast (needs a device with bf16).")
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters ([model.lora]); unset: full fine-tuning."
+    )
+    strict_matmul: bool = Field(
+        True,
+        description="CPU: MKL's strict reproducible mode (MKL_CBWR=AUTO,STRICT), so a matmul row does not "
+        "depend on the thread split and the learner recomputes the engine's logprobs exactly; it must "
+        "be on before the process's first matmul. Off: a little faster, logprob gaps of ~3e-5.",
+    )
 
 
 class EnvsSection(_Section):
@@ -85,6 +127,13 @@ class AlgorithmSection(_Section):
     overlong_buffer_tokens: int = Field(
         0, ge=0, description="DAPO overlong penalty over the last N tokens of max_new_tokens (0: off)."
     )
+    tis_cap: float = Field(
+        2.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="Truncated importance sampling: stale samples' gradients are weighted by "
+        "min(ratio to the behaviour policy, tis_cap).",
+    )
 
     def loss(self) -> LossConfig:
         return LossConfig(self.clip_low, self.clip_high, self.aggregation, self.kl_coef)
@@ -111,9 +160,29 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, description="Seeds task choice, sampling and torch.")
     mode: Mode = Field(Mode.SYNC, description="sync (on-policy) or async (bounded staleness).")
     max_staleness: int = Field(1, ge=0, description="async: most policy versions a rollout may lag.")
+    backend: Backend = Field(Backend.LOCAL, description="local (this process) or ray (actors, see [ray]).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N steps (and at the end/SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (oldest removed).")
     transcripts_per_step: int = Field(2, ge=0, description="Sampled transcripts written per step.")
+
+
+class RaySection(_Section):
+    """Ray backend only: the actors of a run and the resources each asks for (one placement group)."""
+
+    address: str | None = Field(
+        None, description="Ray cluster to join ('auto', 'ray://host:port'); unset: start one in process."
+    )
+    rollout_workers: int = Field(1, ge=1, description="Rollout workers, each with its own engine.")
+    learner_cpus: float = Field(1.0, gt=0, description="CPUs reserved for the learner actor.")
+    rollout_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each rollout worker.")
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs reserved for the learner (> 0 on cuda).")
+    rollout_gpus: float = Field(0.0, ge=0, description="GPUs reserved per rollout worker (> 0 on cuda).")
+    object_store_mib: int = Field(
+        512, ge=64, description="Object store of a cluster started in process (weights travel there), MiB."
+    )
+    placement_timeout_s: float = Field(
+        60.0, gt=0, description="How long to wait for the cluster to fit the actors before failing, s."
+    )
 
 
 class TrainConfig(_Section):
@@ -123,9 +192,22 @@ class TrainConfig(_Section):
     algorithm: AlgorithmSection = Field(default_factory=lambda: AlgorithmSection())
     optim: OptimSection = Field(default_factory=lambda: OptimSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
+    ray: RaySection = Field(default_factory=lambda: RaySection())
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if self.run.backend is Backend.RAY and self.model.device != "cpu":
+            # Ray gives each actor its own CUDA_VISIBLE_DEVICES: "cuda" is whatever GPU it was granted.
+            if self.model.device != "cuda":
+                raise ValueError(
+                    f"model.device = {self.model.device!r} with run.backend = 'ray': use 'cuda' (Ray "
+                    "assigns each actor its GPU) or 'cpu'"
+                )
+            if self.ray.learner_gpus == 0 or self.ray.rollout_gpus == 0:
+                raise ValueError(
+                    "model.device = 'cuda' with run.backend = 'ray' needs ray.learner_gpus > 0 and "
+                    f"ray.rollout_gpus > 0 (got {self.ray.learner_gpus} and {self.ray.rollout_gpus})"
+                )
         if self.algorithm.advantage is AdvantageKind.RLOO and self.rollout.samples_per_prompt < 2:
             raise ValueError("algorithm.advantage = 'rloo' needs rollout.samples_per_prompt >= 2")
         if self.algorithm.overlong_buffer_tokens > self.rollout.max_new_tokens:
@@ -147,6 +229,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "algorithm": AlgorithmSection,
     "optim": OptimSection,
     "run": RunSection,
+    "ray": RaySection,
 }
 
 
@@ -186,6 +269,8 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value.value)
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     return json.dumps(str(value))  # JSON string escapes are valid TOML basic-string escapes
 
 
@@ -200,7 +285,9 @@ def dump_config(config: TrainConfig) -> str:
             value = getattr(section, key)
             if value is None:
                 continue
-            if isinstance(value, dict):
+            if isinstance(value, BaseModel):  # a sub-section: [section.key]
+                tables.append((key, {k: v for k, v in value.model_dump().items() if v is not None}))
+            elif isinstance(value, dict):
                 tables.append((key, value))
             else:
                 lines.append(f"{key} = {_toml_value(value)}")

@@ -20,7 +20,8 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
     out = {
         f"{prefix}reward": _mean([r.reward for r in rollouts]),
         f"{prefix}pass_rate": _mean([float(r.passed) for r in rollouts]),
-        f"{prefix}response_tokens": _mean([float(len(r.completion_ids)) for r in rollouts]),
+        f"{prefix}response_tokens": _mean([float(r.generated_tokens) for r in rollouts]),
+        f"{prefix}turns": _mean([float(max(len(r.turns), 1)) for r in rollouts]),
         f"{prefix}truncation_rate": _mean([float(r.truncated) for r in rollouts]),
         f"{prefix}sandbox_s": sum(r.sandbox_time_s for r in rollouts),
         f"{prefix}score_errors": float(sum(r.error is not None for r in rollouts)),
@@ -48,7 +49,7 @@ def domain_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 
 def staleness(rollouts: Sequence[Rollout], policy_version: int) -> dict[str, float]:
     """How many versions behind the learner's current policy the generated tokens are."""
-    lags = [policy_version - v for r in rollouts for v in r.versions]
+    lags = [policy_version - v for r in rollouts for v in r.generated_versions]
     return {
         "staleness_mean": _mean([float(lag) for lag in lags]),
         "staleness_max": float(max(lags, default=0)),

@@ -4,8 +4,8 @@ Batch s is generated with exactly the weights of policy version max(0, s - max_s
 `WeightStore` until no future batch needs them. Fixing the version (rather than taking whatever is newest)
 keeps a run reproducible and resumable, and it is the freshest policy a pipeline of that depth can have.
 The learner corrects for the lag with the importance ratio against the behaviour logprobs recorded at
-generation (the clipped objective in `losses.py`). Only the rollout thread touches the engine and the
-scoring loop while the pipeline runs; the learner thread owns the model and optimizer.
+generation (the clipped objective in `losses.py`). Only the rollout thread touches the rollout source (the
+engine and scoring loop, or the Ray workers) while the pipeline runs; the learner thread owns the learner.
 """
 
 from __future__ import annotations
@@ -101,8 +101,11 @@ def run_async(trainer: Trainer, on_step: Callable[[Metrics], None] | None = None
             produced = _next_batch(batches, producer, failures)
             start = trainer.clock()
             metrics, _ = trainer.learn(produced)
+            published = trainer.clock()
             store.put(trainer.step, dict(trainer.learner.weights()))
             store.drop_below(generation_version(trainer.step, lag))
+            # The rollout thread loads these weights when a batch needs them; publishing is this mode's push.
+            metrics["time/push_s"] = trainer.clock() - published
             metrics["time/wait_s"] = start - waited
             metrics["time/step_s"] = trainer.clock() - waited
             trainer.record(metrics)

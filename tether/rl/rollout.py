@@ -4,7 +4,8 @@ Plan (`plan_prompts`, pure: which environment and task seed each prompt of a ste
 cursors) -> run (`generate_groups`: one engine request per prompt with `SamplingParams(n=...)`, so the n
 samples share the prompt's KV blocks) -> score (`score_groups`: every reward component kept). A rollout
 carries token ids, the behaviour logprobs and the policy version of every generated token, so the
-learner never re-tokenizes and can correct for staleness. Single-turn environments only, for now.
+learner never re-tokenizes and can correct for staleness. Multi-turn episodes are rolled out by
+`episodes.py` into the same `Rollout`, with a loss mask over their observation tokens.
 """
 
 from __future__ import annotations
@@ -35,9 +36,24 @@ class PromptPlan:
     sample_seed: int  # seeds the n samples (sample i uses sample_seed + i)
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One engine request of an episode and what it returned, as the engine reported it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]  # generated, end-of-turn token included when the turn stopped on one
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+
+
 @dataclass(slots=True)
 class Rollout:
-    """One completion of one prompt, with everything the learner and the metrics need."""
+    """One completion of one prompt (or one episode), with everything the learner and the metrics need.
+
+    A multi-turn episode's `completion_ids` interleave generated and observation tokens: `loss_mask` says
+    which the model generated; observation tokens have logprob 0.0 and version -1."""
 
     env: str
     seed: int
@@ -53,10 +69,26 @@ class Rollout:
     passed: bool = False
     sandbox_time_s: float = 0.0
     error: str | None = None
+    loss_mask: list[bool] | None = None  # per completion token; None: all generated (single turn)
+    turns: list[Turn] = field(default_factory=list)  # multi-turn: every engine request, in order
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # multi-turn: the episode's messages
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == FinishReason.LENGTH.value
+
+    @property
+    def generated(self) -> list[bool]:
+        """Per completion token: whether the model generated it."""
+        return self.loss_mask if self.loss_mask is not None else [True] * len(self.completion_ids)
+
+    @property
+    def generated_versions(self) -> list[int]:
+        return [v for v, mine in zip(self.versions, self.generated, strict=True) if mine]
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.generated)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,13 +100,14 @@ class Rollout:
             "components": self.components,
             "passed": self.passed,
             "finish_reason": self.finish_reason,
-            "completion_tokens": len(self.completion_ids),
-            "policy_versions": sorted(set(self.versions)),
+            "completion_tokens": self.generated_tokens,
+            "policy_versions": sorted(set(self.generated_versions)),
             "error": self.error,
+            **({"turns": len(self.turns), "transcript": self.transcript} if self.turns else {}),
         }
 
 
-def _derive(*parts: object) -> int:
+def derive_seed(*parts: object) -> int:
     """A stable 62-bit seed from its parts (Python's hash() is salted per process)."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 2
@@ -87,14 +120,14 @@ def plan_prompts(
 
     Environments are drawn by weight; each domain hands out task seeds seed_offset + 0, 1, 2, ... in
     order, so no training prompt repeats within a domain until its cursor wraps (it does not)."""
-    rng = random.Random(_derive("plan", seed, step))
+    rng = random.Random(derive_seed("plan", seed, step))
     names, weights = mixture.names, [weight for _, weight in mixture.entries]
     advanced = {name: cursors.get(name, 0) for name in names}
     plans = []
     for group in range(count):
         name = rng.choices(names, weights)[0]
         plans.append(
-            PromptPlan(name, seed_offset + advanced[name], group, _derive("sample", seed, step, group))
+            PromptPlan(name, seed_offset + advanced[name], group, derive_seed("sample", seed, step, group))
         )
         advanced[name] += 1
     return plans, advanced

@@ -1,7 +1,8 @@
 """The RL loop: plan prompts -> generate and score rollouts -> learn -> push weights -> record.
 
-`Trainer` wires an engine (rollouts), a `Learner` (updates), environments (scoring) and a run directory
-(`config.toml`, `metrics.jsonl`, `transcripts.jsonl`, `checkpoints/`). A policy version is the number of
+`Trainer` wires a `RolloutSource` (an engine in this process, or Ray workers: `ray_backend.py`), a
+`Learner` (updates), environments (scoring) and a run directory (`config.toml`, `metrics.jsonl`,
+`transcripts.jsonl`, `checkpoints/`). A policy version is the number of
 completed steps. Sync mode generates each batch with the current weights (staleness 0); async mode
 (`pipeline.py`) generates ahead on a rollout thread within `max_staleness` versions. Everything random is
 derived from (seed, step), and checkpoints hold the rest, so a resumed run repeats an uninterrupted one.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -27,6 +28,7 @@ from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider, ScoringContext, Task
 from tether.envs.registry import EnvRegistry, Mixture, default_registry, mixture_from_weights
 from tether.errors import ConfigError
+from tether.models.threads import strict_matmul
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
     latest_checkpoint,
@@ -35,11 +37,13 @@ from tether.rl.checkpoint import (
     save_checkpoint,
     truncate_metrics,
 )
-from tether.rl.config import AlgorithmSection, Mode, TrainConfig, dump_config
+from tether.rl.config import AlgorithmSection, Backend, Mode, RolloutSection, TrainConfig, dump_config
+from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply
 from tether.rl.learner import Learner, Sample
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
-from tether.rl.rollout import Rollout, generate_groups, plan_prompts, score_groups
+from tether.rl.report import write_report
+from tether.rl.rollout import PromptPlan, Rollout, generate_groups, plan_prompts, score_groups
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -62,6 +66,81 @@ class Produced:
 
 
 @dataclass(frozen=True, slots=True)
+class Generated:
+    """A step's planned prompts, generated and scored by a `RolloutSource`."""
+
+    tasks: list[Task]
+    rollouts: list[Rollout]  # `samples_per_prompt` per plan, in plan order
+    generate_s: float
+    score_s: float
+
+
+class RolloutSource(Protocol):
+    """Where rollouts come from: `EngineRollouts` in this process, or Ray workers (`ray_backend.py`)."""
+
+    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
+        """Generate and score the planned prompts with the weights last loaded."""
+        ...
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Generate with `weights` from now on; their tokens are recorded as policy `version`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EngineRollouts:
+    """Rollouts from an engine in this process, scored on one event loop (the sandbox pool lives on it)."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        registry: EnvRegistry,
+        ctx: ScoringContext,
+        params: SamplingParams,
+        clock: Callable[[], float] = time.monotonic,
+        parse_reply: ReplyParser = text_reply,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.registry = registry
+        self.ctx = ctx
+        self.params = params
+        self.clock = clock
+        self.parse_reply = parse_reply  # multi-turn: reply text -> assistant message (tool calls)
+        # Decode steps of few sequences computed as the learner computes whole sequences: equal logprobs.
+        engine.runner.model.set_batch_invariant(True)
+        # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
+        self._loop = asyncio.new_event_loop()
+
+    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
+        start = self.clock()
+        if any(self.registry.get(plan.env).multi_turn for plan in plans):
+            # Episodes are scored as they end, while the engine keeps generating for the others.
+            driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
+            tasks, rollouts = self._loop.run_until_complete(driver.run(plans, self.ctx))
+            return Generated(tasks, rollouts, self.clock() - start, 0.0)
+        tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
+        generated = self.clock()
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        return Generated(tasks, rollouts, generated - start, self.clock() - generated)
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        if version == self.engine.latest_version:
+            return  # a version's weights never change (version 0: the engine loaded them itself)
+        # The engine applies the update under its policy (by default once in-flight requests finish),
+        # so every token stays tagged with the version that really produced it.
+        self.engine.update_weights(weights, version=version)
+
+    def close(self) -> None:
+        """Stop the sandbox pool (if scoring started one) and the event loop."""
+        if self.ctx.sandbox is not None:
+            self._loop.run_until_complete(self.ctx.sandbox.aclose())
+        self._loop.close()
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     samples: list[Sample]
     dropped_groups: int
@@ -69,16 +148,21 @@ class Batch:
 
 
 def to_samples(
-    rollouts: Sequence[Rollout], algorithm: AlgorithmSection, group_size: int, max_new_tokens: int
+    rollouts: Sequence[Rollout],
+    algorithm: AlgorithmSection,
+    group_size: int,
+    max_new_tokens: int,
+    policy_version: int | None = None,
 ) -> Batch:
     """Group rollouts by prompt, shape rewards, compute advantages, drop uninformative groups if asked.
 
-    `rollouts` come `group_size` per prompt, prompts in order (as `generate_groups` returns them)."""
+    `rollouts` come `group_size` per prompt, prompts in order (as `generate_groups` returns them). A
+    rollout with tokens older than `policy_version` (the learner's) is marked stale."""
     assert len(rollouts) % group_size == 0, "rollouts must come in whole groups"
     groups = len(rollouts) // group_size
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(groups, group_size)
     if algorithm.overlong_buffer_tokens > 0:
-        lengths = torch.tensor([len(r.completion_ids) for r in rollouts]).view(groups, group_size)
+        lengths = torch.tensor([r.generated_tokens for r in rollouts]).view(groups, group_size)
         rewards = rewards + overlong_penalty(lengths, max_new_tokens, algorithm.overlong_buffer_tokens)
     advantages = compute_advantages(algorithm.advantage, rewards)
     keep = (
@@ -93,22 +177,44 @@ def to_samples(
                     token_ids=rollout.prompt_ids + rollout.completion_ids,
                     completion_start=len(rollout.prompt_ids),
                     behaviour_logprobs=list(rollout.logprobs),
-                    advantage=float(advantages[group, member]),
+                    advantage=float(advantages[group, member]),  # one per episode, on all its tokens
+                    loss_mask=rollout.loss_mask,
+                    stale=policy_version is not None
+                    and any(v < policy_version for v in rollout.generated_versions),
                 )
             )
     return Batch(samples, int((~keep).sum()), float(rewards.mean()))
 
 
+def split_threads(threads: int) -> tuple[int, int]:
+    """(rollout, learner) torch threads for async mode out of `threads`: oversubscribed cores stall
+    every parallel region (`tether/models/threads.py`), and learning is the longer half of a step."""
+    rollout = max(1, threads // 2)
+    return rollout, max(1, threads - rollout)
+
+
+def sampling_params(rollout: RolloutSection) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        n=rollout.samples_per_prompt,
+    )
+
+
 class Trainer:
+    """The loop over a `RolloutSource` (default: `engine` in this process) and a `Learner`."""
+
     def __init__(
         self,
         config: TrainConfig,
-        engine: LLMEngine,
-        tokenizer: PreTrainedTokenizerBase,
+        engine: LLMEngine | None,
+        tokenizer: PreTrainedTokenizerBase | None,
         learner: Learner,
         registry: EnvRegistry,
         ctx: ScoringContext,
         clock: Callable[[], float] = time.monotonic,
+        rollouts: RolloutSource | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -116,28 +222,19 @@ class Trainer:
         self.learner = learner
         self.registry = registry
         self.mixture: Mixture = mixture_from_weights(registry, config.envs.weights)
-        multi_turn = [name for name in self.mixture.names if registry.get(name).multi_turn]
-        if multi_turn:
-            raise ConfigError(
-                f"envs.weights names multi-turn environments {multi_turn}: the trainer runs single-turn "
-                "environments only for now"
-            )
         self.ctx = ctx
         self.clock = clock
         self.run_dir = config.run_dir
         self.step = 0  # completed steps
         self.cursors: dict[str, int] = {}
         self.stop_requested = False
+        self._rollout_threads: int | None = None  # async runs: torch threads of the rollout thread
         self.weight_store = WeightStore()  # async mode: the policy versions batches are generated with
-        # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
-        self._loop = asyncio.new_event_loop()
-        rollout = config.rollout
-        self.params = SamplingParams(
-            max_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            n=rollout.samples_per_prompt,
-        )
+        self.params = sampling_params(config.rollout)
+        if rollouts is None:
+            assert engine is not None and tokenizer is not None, "without a rollout source: an engine"
+            rollouts = EngineRollouts(engine, tokenizer, registry, ctx, self.params, clock)
+        self.rollouts = rollouts
 
     # --- run directory -----------------------------------------------------------------------------
 
@@ -145,10 +242,13 @@ class Trainer:
         """Create the run directory, or (resume) reload the latest checkpoint from it."""
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
-            load_checkpoint(checkpoint, self.learner.model, self.learner.optimizer, self.learner.scheduler)
+            load_checkpoint(
+                checkpoint, self.learner.trainable, self.learner.optimizer, self.learner.scheduler
+            )
             self.step = checkpoint.step
             self.cursors = {k: int(v) for k, v in checkpoint.trainer["cursors"].items()}
-            self.push(self.learner.weights(), self.step)
+            if self.config.run.mode is Mode.SYNC:  # async: the rollout thread loads what each batch needs
+                self.push(self.learner.weights(), self.step)
             for version, weights in load_extra(checkpoint).get("snapshots", {}).items():
                 self.weight_store.put(int(version), weights)
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
@@ -163,10 +263,11 @@ class Trainer:
         (self.run_dir / "config.toml").write_text(dump_config(self.config))
 
     def checkpoint(self) -> Path:
-        return save_checkpoint(
+        """Save a checkpoint of the current step and redraw `report.html` up to it."""
+        path = save_checkpoint(
             self.run_dir,
             self.step,
-            self.learner.model,
+            self.learner.trainable,  # LoRA: the adapters only
             self.learner.optimizer,
             self.learner.scheduler,
             {"cursors": self.cursors},
@@ -174,6 +275,8 @@ class Trainer:
             # async: weights of older versions that batches still to be generated need
             extra={"snapshots": self.weight_store.versions(below=self.step)},
         )
+        write_report(self.run_dir)
+        return path
 
     def maybe_checkpoint(self) -> None:
         if self.step % self.config.run.checkpoint_every == 0:
@@ -192,7 +295,6 @@ class Trainer:
     def produce(self, step: int, cursors: dict[str, int]) -> Produced:
         """The scored rollouts of `step`, generated with whatever weights the engine holds now."""
         config = self.config
-        start = self.clock()
         plans, advanced = plan_prompts(
             self.mixture,
             cursors,
@@ -201,10 +303,10 @@ class Trainer:
             step,
             config.envs.seed_offset,
         )
-        tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
-        generated = self.clock()
-        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
-        return Produced(step, tasks, rollouts, advanced, generated - start, self.clock() - generated)
+        if self._rollout_threads is not None:  # async: this runs on the rollout thread
+            torch.set_num_threads(self._rollout_threads)
+        out = self.rollouts.generate(plans)
+        return Produced(step, out.tasks, out.rollouts, advanced, out.generate_s, out.score_s)
 
     def learn(self, produced: Produced) -> tuple[Metrics, bool]:
         """One update from a produced batch; returns its metrics and whether the weights changed."""
@@ -213,7 +315,11 @@ class Trainer:
         start = self.clock()
         rollouts = produced.rollouts
         batch = to_samples(
-            rollouts, config.algorithm, config.rollout.samples_per_prompt, config.rollout.max_new_tokens
+            rollouts,
+            config.algorithm,
+            config.rollout.samples_per_prompt,
+            config.rollout.max_new_tokens,
+            policy_version=self.step,
         )
         metrics: Metrics = {"step": float(self.step + 1)}
         metrics.update(staleness(rollouts, self.step))
@@ -222,7 +328,7 @@ class Trainer:
         # else every group was uninformative: nothing to learn from, the policy stays as it is
         self.cursors = produced.cursors
         self.step += 1
-        completion_tokens = sum(len(r.completion_ids) for r in rollouts)
+        completion_tokens = sum(r.generated_tokens for r in rollouts)
         metrics.update(domain_metrics(rollouts))
         metrics.update(
             {
@@ -245,9 +351,8 @@ class Trainer:
         return metrics, bool(batch.samples)
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load `weights` into the rollout engine; its tokens are then recorded as `version` (the step)."""
-        self.engine.update_weights(weights)
-        self.engine.policy_version = version
+        """Load `weights` into the rollout source; its tokens are then recorded as `version` (the step)."""
+        self.rollouts.load(weights, version)
 
     def train_step(self) -> Metrics:
         """Sync mode: produce with the current weights, learn, push; returns (and appends) the metrics."""
@@ -261,30 +366,45 @@ class Trainer:
         return metrics
 
     def close(self) -> None:
-        """Stop the sandbox pool (if scoring started one) and the event loop."""
-        if self.ctx.sandbox is not None:
-            self._loop.run_until_complete(self.ctx.sandbox.aclose())
-        self._loop.close()
+        """Stop the rollout source (its sandbox pool and event loop, or its workers)."""
+        self.rollouts.close()
 
     # --- the loop ----------------------------------------------------------------------------------
+
+    def _set_lanes(self, lanes: int) -> None:
+        """Sync mode: generation and learning alternate, so the in-process rollout engine may split each
+        step over every core (`ModelRunner.set_lanes`); async mode shares the cores with the learner."""
+        if isinstance(self.rollouts, EngineRollouts) and self.rollouts.engine.runner.device.type == "cpu":
+            self.rollouts.engine.runner.set_lanes(lanes)
 
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         """Finish the current step, checkpoint and return (what SIGTERM and Ctrl-C do during `run`)."""
         self.stop_requested = True
 
-    def run(self, on_step: Callable[[Metrics], None] | None = None) -> list[Metrics]:
-        """Train until `run.steps` (or a stop request); checkpoints every N steps and at the end."""
+    def run(
+        self, on_step: Callable[[Metrics], None] | None = None, final_checkpoint: bool = True
+    ) -> list[Metrics]:
+        """Train until `run.steps` (or a stop request); checkpoints every N steps and at the end
+        (`final_checkpoint = False`: a throwaway run, e.g. the benchmark's, skips the last one)."""
         main = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGTERM, signal.SIGINT)
         previous = {signum: signal.signal(signum, self.request_stop) for signum in stops} if main else {}
+        threads = torch.get_num_threads()
         try:
             if self.config.run.mode is Mode.ASYNC:
+                # Torch's thread count is per thread: the rollout and learner threads split the cores.
+                self._rollout_threads, learner_threads = split_threads(threads)
+                torch.set_num_threads(learner_threads)
                 history = run_async(self, on_step)
             else:
+                self._set_lanes(threads)
                 history = self._run_sync(on_step)
-            if self.step % self.config.run.checkpoint_every != 0:
+            if final_checkpoint and self.step % self.config.run.checkpoint_every != 0:
                 self.checkpoint()
         finally:
+            self._set_lanes(1)
+            torch.set_num_threads(threads)
+            self._rollout_threads = None
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return history
@@ -300,32 +420,30 @@ class Trainer:
         return history
 
 
-def build_trainer(
-    config: TrainConfig,
-    registry: EnvRegistry | None = None,
-    sandbox: SandboxProvider | None = None,
-    resume: bool = False,
-) -> Trainer:
-    """Load the learner's model, a frozen reference (when KL is on) and the rollout engine; open the run."""
+def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
+    """The rollout engine of `config` on `device` (in this process or a rollout worker's)."""
     from tether.engine.llm_engine import LLMEngine
-    from tether.models import load
 
-    torch.manual_seed(config.run.seed)
-    registry = registry or default_registry()
-    mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
     model_config = config.model
-    engine, tokenizer = LLMEngine.from_pretrained(
+    return LLMEngine.from_pretrained(
         model_config.name,
         cache_dir=model_config.cache_dir,
         kv_cache_mib=model_config.kv_cache_mib,
-        device=model_config.device,
+        device=device,
         seed=config.run.seed,
     )
-    model, _, _ = load(model_config.name, model_config.cache_dir, device=model_config.device)
+
+
+def make_learner(config: TrainConfig, device: str) -> Learner:
+    """The learner of `config` on `device` (in this process or the Ray learner actor's)."""
+    from tether.models import load
+
+    model_config = config.model
+    model, _, _ = load(model_config.name, model_config.cache_dir, device=device)
     reference = None
     if config.algorithm.kl_coef > 0:
-        reference, _, _ = load(model_config.name, model_config.cache_dir, device=model_config.device)
-    learner = Learner(
+        reference, _, _ = load(model_config.name, model_config.cache_dir, device=device)
+    return Learner(
         model,
         config.optim,
         config.algorithm.loss(),
@@ -334,7 +452,31 @@ def build_trainer(
         max_new_tokens=config.rollout.max_new_tokens,
         reference=reference,
         bf16=model_config.bf16,
+        lora=model_config.lora,
+        tis_cap=config.algorithm.tis_cap,
     )
+
+
+def build_trainer(
+    config: TrainConfig,
+    registry: EnvRegistry | None = None,
+    sandbox: SandboxProvider | None = None,
+    resume: bool = False,
+) -> Trainer:
+    """Load the learner's model, a frozen reference (when KL is on) and the rollout engine; open the run.
+
+    With `run.backend = "ray"` the learner and the rollout engines are Ray actors (`ray_backend.py`)."""
+    registry = registry or default_registry()
+    mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
+    if config.model.strict_matmul:
+        strict_matmul()
+    if config.run.backend is Backend.RAY:
+        from tether.rl.ray_backend import build_ray_trainer  # imports Ray: only for the runs that use it
+
+        return build_ray_trainer(config, registry, sandbox, resume)
+    torch.manual_seed(config.run.seed)
+    engine, tokenizer = make_engine(config, config.model.device)
+    learner = make_learner(config, config.model.device)
     trainer = Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox))
     try:
         trainer.start_run_dir(resume)

@@ -1,0 +1,333 @@
+"""Multi-turn episodes, token in and token out: the tokens trained on are exactly the tokens the engine
+was given and generated, observation tokens are masked, and episodes interleave in one batch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tether.engine.llm_engine import LLMEngine, RequestOutput
+from tether.engine.sampling import SamplingParams
+from tether.envs.base import (
+    ChatRenderer,
+    Environment,
+    EpisodeState,
+    Message,
+    Problem,
+    Reward,
+    RewardInput,
+    Rubric,
+    ScoringContext,
+    Task,
+    Tool,
+    ToolCall,
+    ToolSpec,
+)
+from tether.envs.parsers import ANSWER_TAG
+from tether.envs.registry import EnvRegistry
+from tether.envs.tools import submit_tool
+from tether.models import load
+from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
+from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble
+from tether.rl.learner import Learner
+from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
+from tether.rl.trainer import EngineRollouts, Trainer, to_samples
+
+from .fake_envs import letters_env
+
+TEMPLATE_END = "<|im_end|>"
+
+
+@dataclass(frozen=True, slots=True)
+class _Words:
+    def problem(self, seed: int) -> Problem:
+        return Problem(prompt=f"Write notes about the number {seed}.", answer=str(seed))
+
+
+async def _note(arguments: dict[str, Any], state: EpisodeState) -> str:
+    return f"noted {len(str(arguments.get('text', '')))} characters (turn {state.turns})"
+
+
+def _variety(inp: RewardInput) -> float:
+    text = inp.completion
+    return len(set(text)) / len(text) if text else 0.0
+
+
+def notes_env(name: str, max_turns: int) -> Environment:
+    """A multi-turn environment with a pure-Python tool (no sandbox): `note`, and `submit`."""
+    spec = ToolSpec("note", "Keep a note.", {"type": "object", "properties": {"text": {"type": "string"}}})
+    return Environment(
+        name=name,
+        source=_Words(),
+        renderer=ChatRenderer("You keep notes with tools."),
+        parser=ANSWER_TAG,
+        rubric=Rubric((Reward("variety", _variety),)),
+        tools=(Tool(spec, _note), submit_tool()),
+        max_turns=max_turns,
+    )
+
+
+def registry() -> EnvRegistry:
+    out = EnvRegistry()
+    out.add(notes_env("test/notes2", 2))
+    out.add(notes_env("test/notes5", 5))
+    out.add(letters_env("test/vowels", "aeiou"))
+    return out
+
+
+def always_note(text: str, task: Task) -> Message:
+    """A random model writes no tool calls: every reply calls `note` with its own text instead."""
+    if not task.tools:
+        return {"role": "assistant", "content": text}
+    call = ToolCall("call_0", "note", json.dumps({"text": text}))
+    return {"role": "assistant", "content": text, "tool_calls": [call.openai()]}
+
+
+class EngineLog:
+    """What the engine was asked (prompt per request id) and produced, and in which order."""
+
+    def __init__(self, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.prompts: dict[str, list[int]] = {}
+        self.outputs: dict[str, tuple[list[int], list[float], list[int]]] = {}
+        self.events: list[tuple[str, str]] = []
+        add, step = engine.add_request, engine.step
+
+        def add_request(
+            request_id: str, prompt: list[int], params: SamplingParams | None = None, priority: int = 0
+        ) -> None:
+            self.prompts[request_id] = list(prompt)
+            self.events.append(("add", request_id))
+            add(request_id, prompt, params, priority)
+
+        def logged_step() -> list[RequestOutput]:
+            outputs = step()
+            for output in outputs:
+                if output.finished:
+                    (c,) = output.completions
+                    self.outputs[output.request_id] = (list(c.token_ids), list(c.logprobs), list(c.versions))
+                    self.events.append(("done", output.request_id))
+            return outputs
+
+        monkeypatch.setattr(engine, "add_request", add_request)
+        monkeypatch.setattr(engine, "step", logged_step)
+
+
+def check_token_fidelity(rollout: Rollout, log: EngineLog, tokenizer: Any) -> None:
+    """Every turn is exactly an engine request; the episode's sequence is their concatenation."""
+    assert rollout.turns and rollout.loss_mask is not None
+    sequence = rollout.prompt_ids + rollout.completion_ids
+    generated: list[int] = []
+    for k, turn in enumerate(rollout.turns):
+        assert turn.prompt_ids == log.prompts[turn.request_id]
+        ids, logprobs, versions = log.outputs[turn.request_id]
+        assert (turn.completion_ids, turn.logprobs, turn.versions) == (ids, logprobs, versions)
+        assert sequence[: len(turn.prompt_ids) + len(ids)] == turn.prompt_ids + ids
+        generated += ids
+        if k + 1 < len(rollout.turns):  # the next prompt extends this turn by the observation only
+            following = rollout.turns[k + 1].prompt_ids
+            observation = str(tokenizer.decode(following[len(turn.prompt_ids) + len(ids) :]))
+            closing = (
+                "\n" if ids[-1] == tokenizer.convert_tokens_to_ids(TEMPLATE_END) else TEMPLATE_END + "\n"
+            )
+            assert observation.startswith(closing + "<|im_start|>user\n<tool_response>\nnoted ")
+            assert observation.endswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    last = rollout.turns[-1]
+    assert sequence == last.prompt_ids + last.completion_ids
+    trained = [t for t, mine in zip(rollout.completion_ids, rollout.loss_mask, strict=True) if mine]
+    assert trained == generated
+    masked_logprobs = [lp for lp, mine in zip(rollout.logprobs, rollout.loss_mask, strict=True) if mine]
+    assert masked_logprobs == [lp for t in rollout.turns for lp in t.logprobs]
+
+
+def test_many_episodes_train_on_exactly_the_generated_tokens(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("qwen3"), kv_cache_mib=8, seed=1)
+    log = EngineLog(engine, monkeypatch)
+    reg = registry()
+    plans = [
+        PromptPlan(env, seed, group, 1000 + group)
+        for group, (env, seed) in enumerate(
+            [
+                ("test/notes5", 1),
+                ("test/notes2", 2),
+                ("test/vowels", 3),
+                ("test/notes5", 4),
+                ("test/notes2", 5),
+            ]
+        )
+    ]
+    params = SamplingParams(max_tokens=12, temperature=1.0, n=3)
+    driver = EpisodeDriver(engine, tokenizer, reg, params, always_note)
+    tasks, rollouts = asyncio.run(driver.run(plans, ScoringContext()))
+    assert [t.seed for t in tasks] == [1, 2, 3, 4, 5]
+    assert [(r.group, r.env) for r in rollouts] == [(p.group, p.env) for p in plans for _ in range(3)]
+    assert [len(r.turns) for r in rollouts] == [5] * 3 + [2] * 3 + [1] * 3 + [5] * 3 + [2] * 3
+    for rollout in rollouts:
+        check_token_fidelity(rollout, log, tokenizer)
+        assert rollout.error is None and set(rollout.components) in ({"variety"}, {"share", "short"})
+        assert set(rollout.generated_versions) == {0}
+    # The learner gets the same ids, the loss mask over exactly the generated tokens, one advantage each.
+    batch = to_samples(rollouts, AlgorithmSection(), group_size=3, max_new_tokens=12)
+    for sample, rollout in zip(batch.samples, rollouts, strict=True):
+        assert sample.token_ids == rollout.prompt_ids + rollout.completion_ids
+        assert sample.loss_mask == rollout.loss_mask
+        assert sample.behaviour_logprobs == rollout.logprobs
+    # Continuous batching across turns: later turns were submitted while other episodes' requests ran.
+    running: set[str] = set()
+    overlapped = 0
+    for event, request_id in log.events:
+        if event == "add":
+            overlapped += not request_id.endswith("-0") and bool(running)
+            running.add(request_id)
+        else:
+            running.discard(request_id)
+    assert overlapped > 0
+    assert engine.has_unfinished() is False
+
+
+def test_observation_suffix_is_what_the_template_renders(tiny_model: Callable[[str], Path]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+    encoder = ObservationEncoder(tokenizer)
+    (end,) = tokenizer.encode(TEMPLATE_END)
+    tool = [{"role": "user", "content": "result"}]
+    after_end = tokenizer.decode(encoder.encode(tool, end))
+    assert after_end == "\n<|im_start|>user\nresult<|im_end|>\n<|im_start|>assistant\n"
+    # A turn cut short by max_tokens: the template's end of turn comes first, as an observation token.
+    cut = tokenizer.decode(encoder.encode(tool, tokenizer.encode("x")[0]))
+    assert cut == "<|im_end|>\n<|im_start|>user\nresult<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ValueError, match="at least one message"):
+        encoder.encode([], end)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_model: Callable[[str], Path]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+    # Like templates that drop the reasoning of earlier assistant turns: the past changes once it is past.
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if loop.last %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ValueError, match="renders an earlier turn differently"):
+        ObservationEncoder(tokenizer).encode([{"role": "user", "content": "x"}], 0)
+
+
+@pytest.mark.parametrize(
+    ("turns", "message"),
+    [
+        ([], "at least one turn"),
+        (
+            [Turn("a", [1, 2], [3], [-0.1], [0], "stop"), Turn("b", [1, 9, 3, 4], [5], [-0.2], [0], "stop")],
+            "does not extend",
+        ),
+        (
+            [Turn("a", [1, 2], [3], [-0.1], [0], "stop"), Turn("b", [1, 2], [5], [-0.2], [0], "stop")],
+            "does not extend",
+        ),
+    ],
+)
+def test_turns_that_do_not_extend_the_episode_are_refused(turns: list[Turn], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        assemble(turns)
+
+
+def test_assemble_masks_observation_tokens() -> None:
+    turns = [
+        Turn("a", [1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop"),
+        Turn("b", [1, 2, 3, 4, 8, 9], [5], [-0.3], [1], "length"),
+    ]
+    trajectory = assemble(turns)
+    assert trajectory.prompt_ids == [1, 2]
+    assert trajectory.completion_ids == [3, 4, 8, 9, 5]
+    assert trajectory.loss_mask == [True, True, False, False, True]
+    assert trajectory.logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
+    assert trajectory.versions == [0, 0, -1, -1, 1]
+
+
+def tiny_config(model: Path, out_dir: Path, mode: str) -> TrainConfig:
+    return parse_config(
+        {
+            "model": {"name": str(model), "kv_cache_mib": 8},
+            "envs": {"weights": {"test/notes2": 1.0, "test/notes5": 1.0, "test/vowels": 1.0}},
+            "rollout": {"prompts_per_step": 3, "samples_per_prompt": 2, "max_new_tokens": 8},
+            "optim": {"lr": 1e-3, "micro_batch": 4},
+            "run": {"name": "multi", "out_dir": str(out_dir), "steps": 2, "seed": 3, "mode": mode},
+        }
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_training_steps_on_a_multi_turn_mixture(
+    tiny_model: Callable[[str], Path], tmp_path: Path, mode: str
+) -> None:
+    config = tiny_config(tiny_model("llama"), tmp_path, mode)
+    torch.manual_seed(config.run.seed)
+    engine, tokenizer = LLMEngine.from_pretrained(config.model.name, kv_cache_mib=config.model.kv_cache_mib)
+    model, _, _ = load(config.model.name)
+    learner = Learner(
+        model,
+        config.optim,
+        config.algorithm.loss(),
+        total_steps=config.run.steps,
+        temperature=config.rollout.temperature,
+        max_new_tokens=config.rollout.max_new_tokens,
+    )
+    reg = registry()
+    ctx = ScoringContext()
+    params = SamplingParams(max_tokens=8, temperature=1.0, n=2)
+    source = EngineRollouts(engine, tokenizer, reg, ctx, params, parse_reply=always_note)
+    trainer = Trainer(config, engine, tokenizer, learner, reg, ctx, rollouts=source)
+    trainer.start_run_dir(resume=False)
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    assert [m["step"] for m in history] == [1, 2]
+    plans, _ = plan_prompts(trainer.mixture, {}, 3, config.run.seed, 0)
+    assert any(reg.get(p.env).multi_turn for p in plans)
+    assert all(metrics["turns"] > 1 for metrics in history)
+    on_policy = history if mode == "sync" else history[:1]
+    for metrics in on_policy:  # the learner recomputes the engine's logprobs: ratios of 1, no correction
+        assert metrics["staleness_max"] == 0 and metrics["learner/importance_sampling"] == 0.0
+        assert metrics["learner/max_logprob_diff"] <= 1e-5
+        assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    if mode == "async":  # step 2 trains on tokens of version 0 with version 1: truncated IS, and it says so
+        stale = history[1]
+        assert stale["staleness_max"] == 1 and stale["learner/importance_sampling"] == 1.0
+        assert stale["learner/max_logprob_diff"] > 1e-5 and stale["learner/ratio_std"] > 0
+    transcripts = [
+        json.loads(line) for line in (tmp_path / "multi" / "transcripts.jsonl").read_text().splitlines()
+    ]
+    assert any(
+        t.get("turns", 1) > 1 and t["transcript"][-1]["role"] in {"tool", "assistant"} for t in transcripts
+    )
+
+
+async def _crash(arguments: dict[str, Any], state: EpisodeState) -> str:
+    raise RuntimeError("tool crashed")
+
+
+def test_an_environment_that_fails_ends_its_episode_only(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=1)
+    log = EngineLog(engine, monkeypatch)
+    reg = registry()
+    spec = ToolSpec("note", "Crashes.", {"type": "object"})
+    reg.add(replace(notes_env("test/broken", 3), tools=(Tool(spec, _crash),)))
+    plans = [PromptPlan("test/broken", 1, 0, 5), PromptPlan("test/notes2", 2, 1, 6)]
+    driver = EpisodeDriver(engine, tokenizer, reg, SamplingParams(max_tokens=6, n=2), always_note)
+    _, rollouts = asyncio.run(driver.run(plans, ScoringContext()))
+    assert [r.error for r in rollouts] == ["RuntimeError: tool crashed"] * 2 + [None] * 2
+    assert [len(r.turns) for r in rollouts] == [1, 1, 2, 2]
+    assert rollouts[0].reward == 0.0 and rollouts[0].components == {}
+    for rollout in rollouts:
+        check_token_fidelity(rollout, log, tokenizer)
+    assert not engine.has_unfinished()

@@ -1,0 +1,298 @@
+"""The Ray backend on a local cluster: the learner and rollout workers as actors, same loop and run dir.
+
+One Ray cluster (2 CPUs) serves the module. A sync run on two workers reproduces the local backend's
+rewards step for step: the plan, every sampling seed and the weights are the same, and a request's tokens
+do not depend on which engine (or batch) generated it. Async runs keep the staleness bound across
+processes and resume (marked slow: each run starts its own actors, ~20-40 s here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tether.cli.main import app
+from tether.errors import ConfigError
+from tether.rl.config import TrainConfig, parse_config
+from tether.rl.ray_backend import (
+    RayCluster,
+    RayTrainer,
+    build_ray_trainer,
+    merge_shards,
+    plan_bundles,
+    shard_plans,
+)
+from tether.rl.rollout import PromptPlan, Rollout
+from tether.rl.trainer import Generated, build_trainer
+
+from .fake_envs import fake_registry
+from .test_cli_train import _write_config
+from .test_trainer import make_trainer, tiny_config
+
+VOLATILE = ("time/", "tokens_per_s")
+
+
+def _stable(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith(VOLATILE)}
+
+
+def _ray_config(
+    model: Path, out_dir: Path, workers: int = 1, **sections: Mapping[str, object]
+) -> TrainConfig:
+    """`tiny_config` on the Ray backend: the learner and `workers` rollout workers share the 2 CPUs."""
+    run = {"backend": "ray", **sections.get("run", {})}
+    ray = {"rollout_workers": workers, "learner_cpus": 1.0, "rollout_cpus": 1.0 / workers}
+    return tiny_config(model, out_dir, **{**sections, "run": run, "ray": ray})
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[ModuleType]:
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=128 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _ray_trainer(config: TrainConfig, resume: bool = False) -> RayTrainer:
+    return build_ray_trainer(config, fake_registry(), resume=resume)
+
+
+# --- pure pieces ---------------------------------------------------------------------------------------
+
+
+def test_shards_cover_every_plan_and_merge_back_in_plan_order() -> None:
+    plans = [PromptPlan("test/vowels", seed, group, 100 + group) for group, seed in enumerate(range(5))]
+    shards = shard_plans(plans, 2)
+    assert [[p.seed for p in shard] for shard in shards] == [[0, 1, 2], [3, 4]]
+    assert [[p.group for p in shard] for shard in shards] == [[0, 1, 2], [0, 1]]  # renumbered per worker
+    assert [p.sample_seed for shard in shards for p in shard] == [p.sample_seed for p in plans]
+    assert shard_plans(plans[:1], 3)[1:] == [[], []]
+
+    def generated(shard: list[PromptPlan], seconds: float) -> Generated:
+        rollouts = [Rollout(p.env, p.seed, p.group, [1], [2], [0.0], [0], "stop") for p in shard]
+        return Generated([None] * len(shard), rollouts, seconds, seconds / 2)
+
+    outputs = [generated(shard, seconds) for shard, seconds in zip(shards, (1.0, 3.0), strict=True)]
+    merged = merge_shards(plans, outputs)
+    assert [(r.seed, r.group) for r in merged.rollouts] == [(p.seed, p.group) for p in plans]
+    assert (merged.generate_s, merged.score_s) == (3.0, 1.5)  # workers run in parallel: the slowest
+
+
+def test_placement_group_has_a_learner_bundle_then_one_per_worker() -> None:
+    config = parse_config(
+        {
+            "envs": {"weights": {"math/arithmetic": 1.0}},
+            "run": {"backend": "ray"},
+            "ray": {"rollout_workers": 3, "learner_cpus": 2, "rollout_cpus": 0.5, "rollout_gpus": 0.25},
+        }
+    )
+    plan = plan_bundles("x", config.ray)
+    assert plan.bundles == ({"CPU": 2.0},) + ({"CPU": 0.5, "GPU": 0.25},) * 3
+    assert plan.strategy == "PACK"
+
+
+@pytest.mark.parametrize(
+    ("model", "ray", "message"),
+    [
+        ({"device": "cuda:1"}, {}, "model.device = 'cuda:1' with run.backend = 'ray': use 'cuda'"),
+        ({"device": "cuda"}, {"learner_gpus": 1}, "needs ray.learner_gpus > 0 and ray.rollout_gpus > 0"),
+        ({}, {"rollout_workers": 0}, "ray.rollout_workers = 0"),
+        ({}, {"learner_cpus": 0}, "ray.learner_cpus = 0"),
+        ({}, {"workers": 2}, "unknown key 'ray.workers'"),
+    ],
+)
+def test_bad_ray_settings_are_named(model: dict[str, object], ray: dict[str, object], message: str) -> None:
+    raw = {
+        "envs": {"weights": {"math/arithmetic": 1.0}},
+        "model": model,
+        "run": {"backend": "ray"},
+        "ray": ray,
+    }
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(raw)
+
+
+def test_ray_backend_without_ray_installed_says_how_to_install_it(
+    tiny_model: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    config = _ray_config(tiny_model("qwen3"), tmp_path)
+    with pytest.raises(ConfigError, match=r"run.backend = 'ray' needs Ray.*pip install 'tether\[ray\]'"):
+        build_trainer(config, registry=fake_registry())
+    assert not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("ray", "run.backend = 'ray' needs Ray, which is not installed"),
+        ("slurm", "--backend: run.backend = 'slurm': Input should be 'local' or 'ray'"),
+    ],
+)
+def test_train_backend_option_is_checked_and_chooses_the_backend(
+    backend: str,
+    message: str,
+    tiny_model: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--backend", backend])
+    assert result.exit_code != 0
+    assert message in " ".join(result.output.split())
+
+
+def test_unreachable_ray_address_is_named() -> None:
+    def refuse(**options: object) -> None:
+        raise ConnectionError(f"could not connect to {options['address']}")
+
+    ray = SimpleNamespace(is_initialized=lambda: False, init=refuse)  # stands in for a cluster that is down
+    config = parse_config(
+        {"envs": {"weights": {"math/arithmetic": 1.0}}, "run": {"backend": "ray"}, "ray": {"address": "h:1"}}
+    )
+    message = "ray.address = 'h:1': cannot start or join a Ray cluster: could not connect to h:1"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RayCluster(ray, config)
+
+
+# --- on a local Ray cluster -----------------------------------------------------------------------------
+
+
+def test_actors_the_cluster_cannot_fit_are_refused_with_what_it_has(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    config = _ray_config(tiny_model("qwen3"), tmp_path)
+    config = config.model_copy(
+        update={"ray": config.ray.model_copy(update={"learner_cpus": 4.0, "placement_timeout_s": 1.0})}
+    )
+    with pytest.raises(ConfigError, match=r"cannot place this run's actors within 1 s: \[ray\] asks for"):
+        _ray_trainer(config)
+    assert all(group["state"] == "REMOVED" for group in ray_cluster.util.placement_group_table().values())
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local"))
+    expected = local.run()
+    local.close()
+
+    trainer = _ray_trainer(_ray_config(model, tmp_path / "ray", workers=2))
+    try:
+        history = trainer.run()
+        assert trainer.ray_rollouts.versions() == [3, 3]  # every worker holds the last pushed version
+    finally:
+        trainer.close()
+    assert [m["step"] for m in history] == [1, 2, 3]
+    assert [m["policy_version"] for m in history] == [1, 2, 3]
+    assert [m["staleness_max"] for m in history] == [0, 0, 0]
+    # Same plan, seeds and weights: the same tokens, so exactly the same rewards, step for step.
+    assert [m["reward"] for m in history] == [m["reward"] for m in expected]
+    for got, want in zip(history, expected, strict=True):
+        assert got["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy across processes
+        assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
+    run_dir = tmp_path / "ray" / "tiny"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert (run_dir / "config.toml").read_text().count('backend = "ray"') == 1
+    assert (run_dir / "checkpoints" / "step-000003").is_dir()
+    assert len((run_dir / "transcripts.jsonl").read_text().splitlines()) == 6
+    # The checkpoint the driver wrote holds the learner actor's weights, which equal the local learner's.
+    saved = torch.load(run_dir / "checkpoints" / "step-000003" / "model.pt")
+    for name, param in local.learner.model.named_parameters():
+        assert torch.allclose(saved[name], param.detach(), atol=1e-5), name
+
+
+ASYNC: dict[str, Mapping[str, object]] = {
+    "run": {"steps": 3, "checkpoint_every": 5, "mode": "async", "max_staleness": 1}
+}
+
+
+@pytest.mark.slow  # a second set of actors: ~40 s more on this 2-core machine
+def test_async_ray_run_keeps_the_staleness_bound_across_processes(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local", **ASYNC))
+    expected = local.run()
+    local.close()
+    trainer = _ray_trainer(_ray_config(model, tmp_path / "ray", **ASYNC))
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    assert [m["policy_version"] for m in history] == [1, 2, 3]
+    assert [m["staleness_max"] for m in history] == [0, 1, 1]  # batch s generated with max(0, s - 1)
+    assert history[2]["learner/ratio_mean"] != pytest.approx(1.0, abs=1e-6)  # off-policy, corrected
+    for got, want in zip(history, expected, strict=True):
+        assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
+
+
+@pytest.mark.slow  # two more sets of actors
+def test_killed_ray_run_resumes_where_it_stopped(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local", **ASYNC))
+    expected = local.run()
+    local.close()
+    killed = _ray_trainer(_ray_config(model, tmp_path / "ray", **ASYNC))
+
+    def kill_after_two(metrics: dict[str, float]) -> None:
+        if metrics["step"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        first = killed.run(on_step=kill_after_two)
+    finally:
+        killed.close()
+    assert [m["step"] for m in first] == [1, 2]
+    # Batch 3 needs version 1's weights: the driver restores them from the checkpoint's snapshots, the
+    # learner actor gets the checkpointed model, optimizer and schedule.
+    resumed = _ray_trainer(_ray_config(model, tmp_path / "ray", **ASYNC), resume=True)
+    try:
+        rest = resumed.run()
+    finally:
+        resumed.close()
+    assert [m["step"] for m in rest] == [3]
+    assert _stable(rest[0]) == pytest.approx(_stable(expected[2]), abs=1e-5)
+
+
+@pytest.mark.slow  # another set of actors
+def test_train_command_runs_on_ray_in_async_mode(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
+    config.write_text(
+        config.read_text().replace("checkpoint_every = 1", 'checkpoint_every = 1\nmode = "async"')
+        + "\n[ray]\nlearner_cpus = 1.0\nrollout_cpus = 1.0\n"
+    )
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--backend", "ray"])
+    assert result.exit_code == 0, result.output
+    assert "step 2/2" in result.output
+    lines = [
+        json.loads(line) for line in (tmp_path / "runs" / "cli" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [(line["step"], line["staleness_max"]) for line in lines] == [(1, 0), (2, 1)]
+    assert (tmp_path / "runs" / "cli" / "checkpoints" / "step-000002").is_dir()

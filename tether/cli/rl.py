@@ -1,0 +1,110 @@
+"""`tether rl`: RL tools beside `tether train`; `tether rl bench` times GRPO steps against TRL.
+
+The benchmark prints one JSON object on stdout (with --json) or a table, progress goes to stderr, and
+the result is always written to a JSON file as well. Whatever the libraries it drives print (TRL and
+transformers log to stdout) is sent to stderr, so that stdout stays one JSON object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tether.cli.common import err_console, print_json, state, user_errors
+
+app = typer.Typer(help="RL tools: the training-step benchmark (training itself: tether train).")
+
+
+def bench_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"rl bench: {result['model']}, {result['task']}")
+    for column in ("run", "step s", "generating", "cpu s", "reward per step"):
+        table.add_column(column, justify="left" if column in ("run", "reward per step") else "right")
+    for name in ("tether_sync", "tether_async", "trl"):
+        if name in result:
+            run = result[name]
+            table.add_row(
+                name,
+                f"{run['step_s']:.1f}",
+                f"{run['generate_fraction']:.0%}",
+                f"{run['cpu_s']:.1f}",
+                " ".join(f"{r:.2f}" for r in run["reward"]),
+            )
+    if "step_speedup_vs_trl" in result:
+        table.caption = f"step_speedup_vs_trl {result['step_speedup_vs_trl']:.2f}"
+    return table
+
+
+@app.command("bench")
+def bench_command(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", help="Registered model name or HF folder.")] = (
+        "smollm2-135m-instruct"
+    ),
+    prompts: Annotated[int, typer.Option("--prompts", help="Prompts per step.")] = 8,
+    samples: Annotated[int, typer.Option("--samples", help="Completions per prompt (>= 2).")] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest completion.")] = 64,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps (the figure is their median).")] = 3,
+    warmup_steps: Annotated[
+        int, typer.Option("--warmup-steps", help="Steps run first and left out of the figures.")
+    ] = 1,
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate of every run.")] = 3e-5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of tasks, sampling and torch.")] = 0,
+    trl: Annotated[
+        bool, typer.Option("--trl/--no-trl", help="Also run TRL's GRPOTrainer (pip install trl).")
+    ] = True,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="JSON result file (default: runs/rl-bench-<time>.json)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
+) -> None:
+    """Median seconds per GRPO step: tether sync, tether async and TRL, same model, task and batch."""
+    with user_errors():
+        from tether.rl.bench import BenchConfig, run_bench  # torch: loaded only when benchmarking
+
+        config = BenchConfig(
+            model=model,
+            cache_dir=cache_dir or state(ctx).settings().cache_dir,
+            prompts=prompts,
+            samples=samples,
+            max_new_tokens=max_new_tokens,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            lr=lr,
+            seed=seed,
+            trl=trl,
+        )
+        progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+        )
+
+        def report(message: str) -> None:
+            progress.console.print(message, highlight=False)
+            progress.update(task, description=message)
+
+        with progress, contextlib.redirect_stdout(sys.stderr):
+            task = progress.add_task("starting", total=None)
+            result = run_bench(config, report)
+    path = out or Path("runs") / f"rl-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+        return
+    console = Console()
+    console.print(bench_table(result))
+    console.print(f"result written to {path}")

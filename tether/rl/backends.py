@@ -1,0 +1,477 @@
+"""The rollout interface and its back ends: our engine in process, or a vLLM / SGLang server over HTTP.
+
+`RolloutBackend` is the whole contract: generate n samples from token ids (token ids, behaviour logprobs
+and the policy version of every token come back; nothing is re-tokenized) and load weights as a version.
+A server reports at most one weight version per response, so the remote back ends make versions exact on
+the client: an update waits for the requests in flight and later requests wait for the update (the
+engine's `wait` policy). They move weights through a `WeightTransport` (a directory of safetensors
+files, here) and only drive the server's update endpoints; NCCL/IPC transports are not implemented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+import torch
+
+from tether.engine.async_engine import AsyncEngine
+from tether.engine.llm_engine import LLMEngine
+from tether.engine.sampling import SamplingParams
+from tether.engine.weight_update import NamedTensors
+from tether.errors import ConfigError, TetherError
+
+
+class BackendError(TetherError):
+    """The rollout back end failed, refused a request or answered something unusable."""
+
+
+class BackendHTTPError(BackendError):
+    """The server answered with an error status; `status` and the server's own message are kept."""
+
+    def __init__(self, endpoint: str, status: int, message: str) -> None:
+        kind = "rejected the request" if status < 500 else "failed"
+        super().__init__(f"{endpoint}: the server {kind} with HTTP {status}: {message}")
+        self.endpoint = endpoint
+        self.status = status
+
+
+class BackendTimeoutError(BackendError):
+    """No complete answer within `timeout_s`."""
+
+
+class BackendResponseError(BackendError):
+    """The server answered 2xx with a body that lacks what the back end relies on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One completion: generated token ids with their behaviour logprobs and policy versions."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    """"stop", "length" or "abort", as the back end reports it."""
+    retries: int = 0
+    """Restarts from the prompt because of a weight update (in-process `abort_and_retry` only)."""
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) == len(self.logprobs) == len(self.versions)
+
+    @property
+    def policy_versions(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.versions)))
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    @property
+    def policy_version(self) -> int:
+        """The version new requests are generated with (once pending updates are applied)."""
+        ...
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
+        """`params.n` samples of one prompt, in sample order; concurrent calls are batched by the back end."""
+        ...
+
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Load new weights as `version` (above every earlier one); returns once they serve requests."""
+        ...
+
+
+class LocalBackend:
+    """Our `LLMEngine` in this process, through an `AsyncEngine` thread; the engine's `UpdatePolicy`
+    decides what an update does to requests in flight."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def start(cls, engine: LLMEngine) -> LocalBackend:
+        async_engine = AsyncEngine(engine)
+        async_engine.start()
+        return cls(async_engine)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.engine.latest_version
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
+        n = params.n
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        versions: list[list[int]] = [[] for _ in range(n)]
+        reasons = [""] * n
+        retries = 0
+        async for delta in self.engine.generate(list(prompt_token_ids), params):
+            if delta.retries != retries:  # restarted from the prompt: what came before is void
+                retries = delta.retries
+                tokens, logprobs, versions = (
+                    [[] for _ in range(n)],
+                    [[] for _ in range(n)],
+                    [[] for _ in range(n)],
+                )
+            for change in delta.completions:
+                tokens[change.index] += change.token_ids
+                logprobs[change.index] += change.logprobs
+                versions[change.index] += change.versions
+                if change.finish_reason is not None:
+                    reasons[change.index] = change.finish_reason.value
+        return [Sample(tokens[i], logprobs[i], versions[i], reasons[i], retries) for i in range(n)]
+
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        await self.engine.update_weights(named_tensors, version)
+
+
+class WeightTransport(Protocol):
+    async def send(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> str:
+        """Put the tensors where the server can load them; returns that location (a path the server sees)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SafetensorsDirTransport:
+    """Writes each version to `root/v{version}/model.safetensors`; the server must see `root` at the same
+    path (a shared or local disk). Tensor names must be the server's (Hugging Face) parameter names."""
+
+    root: Path
+
+    async def send(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> str:
+        from safetensors.torch import save_file
+
+        folder = self.root / f"v{version}"
+        contiguous = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors}
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
+        return str(folder)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteConfig:
+    base_url: str
+    """The server's root, e.g. http://localhost:8000 (no /v1)."""
+    model: str = ""
+    """The served model name (vLLM's `model` field)."""
+    timeout_s: float = 600.0
+    """Longest wait for one HTTP answer, a whole completion included."""
+    api_key: str | None = None
+    initial_version: int = 0
+    """The version of the weights the server was started with."""
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^https?://[^/\s]+", self.base_url):
+            raise ConfigError(
+                f"rollout backend: base_url = {self.base_url!r}: expected http(s)://host[:port]"
+            )
+        number = isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
+        if not (number and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"rollout backend: timeout_s = {self.timeout_s!r}: expected a number > 0")
+
+
+class _Gate:
+    """Requests and updates exclude each other: an update waits for the requests in flight and holds back
+    new ones until it is done, so every token is generated with exactly one known version."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._requests = 0
+        self._updating = False
+
+    @asynccontextmanager
+    async def request(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._updating)
+            self._requests += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._requests -= 1
+                self._changed.notify_all()
+
+    @asynccontextmanager
+    async def update(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._updating)
+            self._updating = True
+            await self._changed.wait_for(lambda: self._requests == 0)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._updating = False
+                self._changed.notify_all()
+
+
+@dataclass(slots=True)
+class _RemoteState:
+    version: int
+    broken: str | None = None  # why the last update failed: the server's weights are unknown until one works
+    gate: _Gate = field(default_factory=_Gate)
+
+
+class _RemoteBackend(ABC):
+    """HTTP plumbing shared by the vLLM and SGLang back ends: one client, errors mapped to `BackendError`,
+    versions numbered on the client. Subclasses speak one server's dialect."""
+
+    def __init__(
+        self, config: RemoteConfig, transport: WeightTransport, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.config = config
+        self.transport = transport
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._client = client or httpx.AsyncClient(
+            base_url=config.base_url, timeout=config.timeout_s, headers=headers
+        )
+        self._state = _RemoteState(config.initial_version)
+
+    @property
+    def policy_version(self) -> int:
+        return self._state.version
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _post(self, endpoint: str, body: Any = None, params: Mapping[str, str] | None = None) -> Any:
+        try:
+            response = await self._client.post(endpoint, json=body, params=params)
+        except httpx.TimeoutException as error:
+            raise BackendTimeoutError(
+                f"{endpoint}: no answer from {self.config.base_url} within {self.config.timeout_s} s"
+            ) from error
+        except httpx.HTTPError as error:
+            raise BackendError(f"{endpoint}: cannot reach {self.config.base_url}: {error!r}") from error
+        if response.status_code >= 400:
+            raise BackendHTTPError(endpoint, response.status_code, _error_message(response))
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as error:
+            raise BackendResponseError(
+                f"{endpoint}: expected a JSON body, got {response.text[:200]!r}"
+            ) from error
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
+        prompt = _check_prompt(prompt_token_ids)
+        async with self._state.gate.request():
+            if self._state.broken is not None:
+                raise BackendError(
+                    f"the last weight update failed ({self._state.broken}); update again first"
+                )
+            return await self._generate(prompt, params, self._state.version)
+
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        tensors = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        if not tensors:
+            raise BackendError("a weight update needs at least one named tensor; got none")
+        self._check_version(version)
+        async with self._state.gate.update():
+            self._check_version(version)  # again: another update may have gone first
+            location = await self.transport.send(tensors, version)
+            try:
+                await self._load(tensors, location, version)
+            except BackendError as error:
+                self._state.broken = str(error)
+                raise
+            self._state.version = version
+            self._state.broken = None
+
+    def _check_version(self, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version <= self._state.version:
+            raise BackendError(
+                f"weight update version {version!r}: expected an integer greater than {self._state.version}"
+            )
+
+    @abstractmethod
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+        """Samples of one prompt, every token tagged `version` (no update can run meanwhile)."""
+
+    @abstractmethod
+    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+        """Have the server load the weights the transport put at `location`."""
+
+
+class VLLMBackend(_RemoteBackend):
+    """A vLLM OpenAI-compatible server (`vllm serve`, with `VLLM_SERVER_DEV_MODE=1` for the update endpoints).
+
+    Generation: `POST /v1/completions` with `prompt` as a list of token ids, `logprobs: 0` (the sampled
+    token's logprob only), `return_tokens_as_token_ids: true` and vLLM's sampling extensions (`top_k`,
+    `min_p`, `seed`, `stop_token_ids`, `ignore_eos`). Read back, per choice: `index`, `finish_reason` and
+    `logprobs.tokens` (strings "token_id:<id>") with `logprobs.token_logprobs`; a `token_ids` list, when
+    present (`return_token_ids`), must agree. Prompt logprobs are not requested: the learner recomputes.
+    Weights: `POST /pause?mode=wait`, `/start_weight_update {"is_checkpoint_format": true}`,
+    `/update_weights {"update_info": {names, dtype_names, shapes, packed, location}}`,
+    `/finish_weight_update`, `/reset_prefix_cache`, then `/resume`. vLLM keeps no version: the client
+    numbers them.
+    """
+
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "prompt": prompt,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+            "n": params.n,
+            "seed": params.seed,
+            "stop": list(params.stop),
+            "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": params.ignore_eos,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        answer = await self._post("/v1/completions", body)
+        choices = _field(answer, "choices", list, "/v1/completions")
+        if len(choices) != params.n:
+            raise BackendResponseError(f"/v1/completions: expected {params.n} choices, got {len(choices)}")
+        samples: list[Sample | None] = [None] * params.n
+        for choice in choices:
+            index = _field(choice, "index", int, "/v1/completions choice")
+            logprobs = _field(choice, "logprobs", dict, "/v1/completions choice")
+            strings = _field(logprobs, "tokens", list, "/v1/completions logprobs")
+            values = _field(logprobs, "token_logprobs", list, "/v1/completions logprobs")
+            ids = [_token_id(text) for text in strings]
+            if "token_ids" in choice and choice["token_ids"] is not None and choice["token_ids"] != ids:
+                raise BackendResponseError("/v1/completions: token_ids disagree with logprobs.tokens")
+            if len(values) != len(ids) or not all(isinstance(v, int | float) for v in values):
+                raise BackendResponseError("/v1/completions: expected one numeric logprob per token")
+            if not 0 <= index < params.n:
+                raise BackendResponseError(f"/v1/completions: choice index {index} of {params.n} samples")
+            reason = str(choice.get("finish_reason") or "abort")
+            samples[index] = Sample(ids, [float(v) for v in values], [version] * len(ids), reason)
+        if any(sample is None for sample in samples):
+            raise BackendResponseError("/v1/completions: choice indices repeat")
+        return [sample for sample in samples if sample is not None]
+
+    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+        update_info = {
+            "names": [name for name, _ in tensors],
+            "dtype_names": [str(tensor.dtype).removeprefix("torch.") for _, tensor in tensors],
+            "shapes": [list(tensor.shape) for _, tensor in tensors],
+            "packed": False,
+            "location": location,
+        }
+        await self._post("/pause", params={"mode": "wait"})
+        try:
+            await self._post("/start_weight_update", {"is_checkpoint_format": True})
+            await self._post("/update_weights", {"update_info": update_info})
+            await self._post("/finish_weight_update", {})
+            await self._post("/reset_prefix_cache")  # cached KV belongs to the old weights
+        finally:
+            await self._post("/resume")
+
+
+class SGLangBackend(_RemoteBackend):
+    """An SGLang server, through its native API.
+
+    Generation: `POST /generate` with `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`,
+    `top_p`, `top_k`, `min_p`, `stop`, `stop_token_ids`, `ignore_eos`, `sampling_seed`) and
+    `return_logprob: true`; one request per sample (seed + i, as our engine seeds sample i). Read back:
+    `output_ids`, `meta_info.output_token_logprobs` ([logprob, token_id, text] per token),
+    `meta_info.finish_reason.type` and `meta_info.weight_version`, which must be ours. Weights:
+    `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, answered
+    `{"success": bool, "message": str}`.
+    """
+
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+        one = replace(params, n=1)
+        seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
+        return list(await asyncio.gather(*(self._one(prompt, one, seed, version) for seed in seeds)))
+
+    async def _one(self, prompt: list[int], params: SamplingParams, seed: int | None, version: int) -> Sample:
+        sampling: dict[str, Any] = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+            "stop": list(params.stop),
+            "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": params.ignore_eos,
+        }
+        if seed is not None:
+            sampling["sampling_seed"] = seed
+        body = {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True}
+        answer = await self._post("/generate", body)
+        output_ids = _field(answer, "output_ids", list, "/generate")
+        meta = _field(answer, "meta_info", dict, "/generate")
+        entries = _field(meta, "output_token_logprobs", list, "/generate meta_info")
+        served = meta.get("weight_version")
+        if served is not None and str(served) != str(version):
+            raise BackendError(
+                f"/generate: the server generated with weight version {served!r}, expected {version}: "
+                "another client updated its weights"
+            )
+        if len(entries) != len(output_ids) or any(
+            not isinstance(e, list | tuple) or len(e) < 2 or e[1] != t
+            for e, t in zip(entries, output_ids, strict=True)
+        ):
+            raise BackendResponseError("/generate: output_token_logprobs disagree with output_ids")
+        finish = meta.get("finish_reason")
+        reason = str(finish.get("type", "abort")) if isinstance(finish, dict) else "abort"
+        ids = [int(t) for t in output_ids]
+        return Sample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason)
+
+    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+        body = {"model_path": location, "weight_version": str(version), "flush_cache": True}
+        answer = await self._post("/update_weights_from_disk", body)
+        if not isinstance(answer, dict) or answer.get("success") is not True:
+            message = answer.get("message") if isinstance(answer, dict) else answer
+            raise BackendError(f"/update_weights_from_disk: the server refused version {version}: {message}")
+
+
+def _check_prompt(prompt_token_ids: Iterable[int]) -> list[int]:
+    prompt = list(prompt_token_ids)
+    if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        raise BackendError(f"prompt token ids {prompt[:8]!r}: expected a non-empty list of integers >= 0")
+    return prompt
+
+
+def _token_id(text: object) -> int:
+    """vLLM's `return_tokens_as_token_ids` spelling of a token: "token_id:<id>"."""
+    if isinstance(text, str) and text.startswith("token_id:") and text[9:].isdigit():
+        return int(text[9:])
+    raise BackendResponseError(
+        f"/v1/completions: token {text!r}: expected 'token_id:<id>' "
+        "(does the server support return_tokens_as_token_ids?)"
+    )
+
+
+def _field(container: object, key: str, kind: type, where: str) -> Any:
+    value = container.get(key) if isinstance(container, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BackendResponseError(f"{where}: expected {key!r} as {kind.__name__}, got {value!r}")
+    return value
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of vLLM's {"message"}, FastAPI's {"detail"} or SGLang's {"error": {"message"}} bodies."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)[:300]

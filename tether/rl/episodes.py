@@ -1,0 +1,264 @@
+"""Multi-turn rollouts, token in and token out: turn k+1's prompt is turn k's prompt and generated ids
+followed by the tokenized observation, never a re-tokenization of decoded text.
+
+`ObservationEncoder` renders tool results (or user messages) as the token suffix the chat template puts
+after an assistant turn; `assemble` lays the turns of an episode out as one token sequence with a loss
+mask (generated tokens 1, observation tokens 0), the behaviour logprob and policy version of every
+generated token. `run_episodes` drives many episodes through one engine as a continuous batch: every turn
+is a request, submitted as soon as its episode's tool calls return, so no episode waits for another.
+Single-turn environments run as one-turn episodes. Tools run through the environment's `Episode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from tether.engine.sampling import SamplingParams
+from tether.engine.sequence import FinishReason
+from tether.envs.base import Episode, Message, Messages, ScoringContext, Task
+from tether.envs.eval import text_convention
+from tether.envs.registry import EnvRegistry
+from tether.envs.tools import parse_text_tool_calls
+from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tether.engine.llm_engine import LLMEngine, RequestOutput
+
+# Turns the decoded text of a reply into the assistant message the environment steps with.
+ReplyParser = Callable[[str, Task], Message]
+# A conversation whose assistant turn is known, to find what the template writes around one.
+_REPLY = "tether-probe-reply"
+_PROBE: Messages = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": _REPLY},
+]
+
+
+def text_reply(text: str, task: Task) -> Message:
+    """The in-process convention: `<tool_call>{json}</tool_call>` blocks when the task offers tools."""
+    return parse_text_tool_calls(text) if task.tools else {"role": "assistant", "content": text}
+
+
+class ObservationEncoder:
+    """Token ids that follow a generated assistant turn: the rest of the template's turn delimiters, the
+    observation messages and the next generation prompt, exactly as the chat template renders them."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._base = self._render(_PROBE, generation_prompt=False)
+        # What the template writes after an assistant message's content, e.g. "<|im_end|>\n".
+        self._closing = self._base[self._base.rindex(_REPLY) + len(_REPLY) :]
+
+    def _render(self, messages: Messages, generation_prompt: bool) -> str:
+        text: Any = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False
+        )
+        return str(text)
+
+    def encode(self, observation: Messages, last_token: int) -> list[int]:
+        """The suffix after a turn whose last generated token is `last_token`.
+
+        A turn that ended on the template's end-of-turn token continues with what the template writes
+        after that token; a turn cut short (by max_tokens) gets the template's whole closing first."""
+        if not observation:
+            raise ValueError("an observation needs at least one message")
+        full = self._render(_PROBE + observation, generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError(
+                "the chat template renders an earlier turn differently once more messages follow; "
+                "observations cannot be appended as a token suffix with it"
+            )
+        end_text = str(self.tokenizer.decode([last_token]))
+        closing = self._closing
+        if end_text and closing.startswith(end_text):
+            closing = closing[len(end_text) :]
+        ids: Any = self.tokenizer.encode(closing + full[len(self._base) :], add_special_tokens=False)
+        return [int(i) for i in ids]
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """An episode as one sequence: `prompt_ids` then `completion_ids`, every list below aligned with the
+    completion. Observation tokens have loss_mask False, logprob 0.0 and version -1."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    versions: list[int]
+
+
+def assemble(turns: Sequence[Turn]) -> Trajectory:
+    """Lay the turns out as one sequence; each turn's prompt must extend the previous turn's tokens."""
+    if not turns:
+        raise ValueError("an episode needs at least one turn")
+    first = turns[0]
+    ids, mask, logprobs, versions = [], [], [], []
+    previous = list(first.prompt_ids)
+    for turn in turns:
+        if turn.prompt_ids[: len(previous)] != previous or len(turn.prompt_ids) < len(previous):
+            raise ValueError("a turn's prompt does not extend the episode's previous tokens")
+        observed = turn.prompt_ids[len(previous) :]
+        ids += observed + turn.completion_ids
+        mask += [False] * len(observed) + [True] * len(turn.completion_ids)
+        logprobs += [0.0] * len(observed) + list(turn.logprobs)
+        versions += [-1] * len(observed) + list(turn.versions)
+        previous = turn.prompt_ids + turn.completion_ids
+    return Trajectory(list(first.prompt_ids), ids, mask, logprobs, versions)
+
+
+def encode_task(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
+    """The first prompt of an episode: tools described in the system prompt (the text convention)."""
+    ids: Any = tokenizer.apply_chat_template(
+        text_convention(task.messages, task.tools),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return [int(i) for i in ids]
+
+
+@dataclass(slots=True)
+class _Live:
+    """An episode in flight."""
+
+    plan: PromptPlan
+    sample: int
+    task: Task
+    episode: Episode
+    prompt: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    rollout: Rollout | None = None
+
+
+@dataclass(slots=True)
+class EpisodeDriver:
+    """Runs episodes as a continuous batch on one engine (see the module docstring)."""
+
+    engine: LLMEngine
+    tokenizer: PreTrainedTokenizerBase
+    registry: EnvRegistry
+    params: SamplingParams  # per turn; n episodes per plan
+    parse_reply: ReplyParser = text_reply
+    encoder: ObservationEncoder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.encoder = ObservationEncoder(self.tokenizer)
+
+    async def run(self, plans: Sequence[PromptPlan], ctx: ScoringContext) -> tuple[list[Task], list[Rollout]]:
+        """Every plan's n episodes, scored; rollouts come n per plan, in plan order."""
+        tasks = [self.registry.get(plan.env).task(plan.seed) for plan in plans]
+        slots = [
+            (plan, task, i) for plan, task in zip(plans, tasks, strict=True) for i in range(self.params.n)
+        ]
+        started = await asyncio.gather(
+            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _ in slots),
+            return_exceptions=True,
+        )
+        episodes = [e for e in started if isinstance(e, Episode)]
+        if len(episodes) < len(started):  # close the sessions that did open before failing the batch
+            await asyncio.gather(*(e.close() for e in episodes), return_exceptions=True)
+            raise next(e for e in started if isinstance(e, BaseException))
+        live = [
+            _Live(plan, i, task, episode, encode_task(self.tokenizer, task))
+            for (plan, task, i), episode in zip(slots, episodes, strict=True)
+        ]
+        in_engine: dict[str, _Live] = {}
+        stepping: set[asyncio.Task[None]] = set()
+        ready = list(live)
+        try:
+            while ready or in_engine or stepping:
+                for episode in ready:
+                    in_engine[self._submit(episode)] = episode
+                ready.clear()  # the same list: the steps in flight append to it
+                if in_engine:
+                    # The engine steps in a worker thread so that tool calls proceed meanwhile.
+                    for output in await asyncio.to_thread(self.engine.step):
+                        if output.finished and output.request_id in in_engine:
+                            episode = in_engine.pop(output.request_id)
+                            stepping.add(asyncio.create_task(self._advance(episode, output, ready)))
+                else:
+                    await asyncio.wait(stepping, return_when=asyncio.FIRST_COMPLETED)
+                for task in [t for t in stepping if t.done()]:
+                    stepping.discard(task)
+                    task.result()  # an unexpected failure stops the batch (cleaned up below)
+        finally:
+            for request_id in in_engine:
+                self.engine.abort(request_id)
+            for task in stepping:
+                task.cancel()
+            await asyncio.gather(*stepping, return_exceptions=True)
+            await asyncio.gather(*(e.episode.close() for e in live), return_exceptions=True)
+        rollouts = [episode.rollout for episode in live]
+        assert all(r is not None for r in rollouts), "every episode ends with a rollout"
+        return tasks, [r for r in rollouts if r is not None]
+
+    def _submit(self, episode: _Live) -> str:
+        turn = len(episode.turns)
+        seed = (
+            episode.plan.sample_seed + episode.sample
+            if turn == 0
+            else derive_seed("turn", episode.plan.sample_seed, episode.sample, turn)
+        )
+        request_id = f"episode-{episode.plan.sample_seed}-{episode.plan.group}-{episode.sample}-{turn}"
+        self.engine.add_request(request_id, episode.prompt, replace(self.params, n=1, seed=seed))
+        return request_id
+
+    async def _advance(self, live: _Live, output: RequestOutput, ready: list[_Live]) -> None:
+        """Record the turn, step the environment with the reply, then queue the next turn or finish."""
+        (completion,) = output.completions
+        assert completion.finish_reason is not None
+        turn = Turn(
+            output.request_id,
+            list(output.prompt_token_ids),
+            list(completion.token_ids),
+            list(completion.logprobs),
+            list(completion.versions),
+            completion.finish_reason.value,
+        )
+        live.turns.append(turn)
+        text = str(self.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
+        error = None
+        try:
+            results = await live.episode.step(self.parse_reply(text, live.task))
+            if not live.episode.done and completion.finish_reason is FinishReason.ABORT:
+                live.episode.done = True
+            if not live.episode.done:
+                observation = self.encoder.encode(text_convention(results, []), turn.completion_ids[-1])
+                live.prompt = turn.prompt_ids + turn.completion_ids + observation
+                if len(live.prompt) < self.engine.config.max_model_len:
+                    ready.append(live)
+                    return
+                live.episode.done = True  # the context is full: the episode ends where it is
+            score = await live.episode.score()
+        except Exception as failure:  # one broken environment must not stop the batch
+            error, score = f"{type(failure).__name__}: {failure}", None
+        await live.episode.close()
+        trajectory = assemble(live.turns)
+        state = live.episode.state
+        live.rollout = Rollout(
+            env=live.plan.env,
+            seed=live.plan.seed,
+            group=live.plan.group,
+            prompt_ids=trajectory.prompt_ids,
+            completion_ids=trajectory.completion_ids,
+            logprobs=trajectory.logprobs,
+            versions=trajectory.versions,
+            finish_reason=turn.finish_reason,
+            text=state.final_text,
+            reward=score.total if score is not None else 0.0,
+            components=dict(score.components) if score is not None else {},
+            passed=score.passed if score is not None else False,
+            sandbox_time_s=score.sandbox_time_s if score is not None else state.ctx.sandbox_time_s,
+            error=error,
+            loss_mask=trajectory.loss_mask,
+            turns=list(live.turns),
+            transcript=json.loads(json.dumps(state.messages, default=str)),
+        )

@@ -1,0 +1,423 @@
+"""The Ray backend: the learner and the rollout workers run as Ray actors; the loop stays on the driver.
+
+The driver runs the same `Trainer` loop as local mode (planning, advantages, metrics, async pipelining,
+the run directory, checkpoints and resume); only where rollouts are made and where updates run differ.
+Each rollout worker owns an `LLMEngine` with its own copy of the policy and scores with the environments
+(and its own sandbox pool); the learner actor owns the model and optimizer. All actors share one
+placement group sized from `[ray]`. After each update the learner's weights go into Ray's object store
+once and every worker pulls them, tagged with the policy version, so recorded versions and the
+`max_staleness` bound hold across processes. The driver keeps a CPU copy of the learner's state that is
+refreshed only to write a checkpoint (and sent out after a resume). Ray is imported only here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tether.envs.base import ScoringContext
+from tether.errors import ConfigError
+from tether.models import load
+from tether.models.transformer import CausalLM
+from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
+from tether.rl.config import RaySection, TrainConfig
+from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.rollout import PromptPlan
+from tether.rl.trainer import (
+    EngineRollouts,
+    Generated,
+    Trainer,
+    make_engine,
+    make_learner,
+    sampling_params,
+)
+from tether.scheduler.ray_backend import PlacementGroupPlan
+
+if TYPE_CHECKING:
+    from tether.envs.base import SandboxProvider
+    from tether.envs.registry import EnvRegistry
+
+Weights = dict[str, torch.Tensor]
+
+
+def require_ray() -> ModuleType:
+    """The `ray` module (with `ray.util`'s placement groups loaded), or a `ConfigError` saying how to
+    install it."""
+    try:
+        importlib.import_module("ray.util.scheduling_strategies")
+        return importlib.import_module("ray")
+    except ImportError:
+        raise ConfigError(
+            "run.backend = 'ray' needs Ray, which is not installed: pip install 'tether[ray]' "
+            "(or set run.backend = 'local')"
+        ) from None
+
+
+# --- pure planning -----------------------------------------------------------------------------------
+
+
+def plan_bundles(name: str, ray: RaySection) -> PlacementGroupPlan:
+    """Bundle 0 for the learner, then one per rollout worker; PACK keeps them on as few nodes as fit."""
+
+    def bundle(cpus: float, gpus: float) -> dict[str, float]:
+        return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
+
+    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)]
+    bundles += [bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers)]
+    return PlacementGroupPlan(name=f"tether-{name}", bundles=tuple(bundles), strategy="PACK")
+
+
+def shard_plans(plans: Sequence[PromptPlan], workers: int) -> list[list[PromptPlan]]:
+    """Contiguous, near-equal shards, one per worker (possibly empty), each renumbered from group 0.
+
+    A worker's rollouts name their prompt by its index in the worker's shard (`score_groups` looks the
+    task up by it); `merge_shards` maps them back. Sampling seeds stay with their plan."""
+    assert workers >= 1
+    size, extra = divmod(len(plans), workers)
+    shards, start = [], 0
+    for index in range(workers):
+        end = start + size + (index < extra)
+        shards.append([replace(plan, group=local) for local, plan in enumerate(plans[start:end])])
+        start = end
+    return shards
+
+
+def merge_shards(plans: Sequence[PromptPlan], outputs: Sequence[Generated]) -> Generated:
+    """The workers' outputs (in shard order) as one `Generated` in plan order, their rollouts' groups
+    renumbered in place; the timings are the slowest worker's (they run in parallel)."""
+    tasks, rollouts, offset = [], [], 0
+    for out in outputs:
+        tasks.extend(out.tasks)
+        for rollout in out.rollouts:
+            rollout.group = plans[offset + rollout.group].group
+            rollouts.append(rollout)
+        offset += len(out.tasks)
+    assert offset == len(plans), f"workers returned {offset} prompts for {len(plans)} planned"
+    return Generated(
+        tasks,
+        rollouts,
+        max((out.generate_s for out in outputs), default=0.0),
+        max((out.score_s for out in outputs), default=0.0),
+    )
+
+
+# --- the actors (plain classes, wrapped with ray.remote when a run starts) ---------------------------
+
+
+def _use_cpus(cpus: float) -> None:
+    # Torch would otherwise size its thread pool to the whole machine, not to the actor's share.
+    torch.set_num_threads(max(1, math.floor(cpus)))
+
+
+class RolloutWorker:
+    """A Ray actor: an engine with its own copy of the policy, scoring with the environments."""
+
+    def __init__(
+        self, config: TrainConfig, registry: EnvRegistry, sandbox: SandboxProvider | None, cpus: float
+    ) -> None:
+        _use_cpus(cpus)
+        torch.manual_seed(config.run.seed)
+        engine, tokenizer = make_engine(config, config.model.device)
+        params = sampling_params(config.rollout)
+        self.rollouts = EngineRollouts(engine, tokenizer, registry, ScoringContext(sandbox), params)
+
+    def generate(self, plans: list[PromptPlan]) -> Generated:
+        return self.rollouts.generate(plans)
+
+    def load(self, weights: Weights, version: int) -> None:
+        self.rollouts.load(weights.items(), version)
+
+    def version(self) -> int:
+        return self.rollouts.engine.policy_version
+
+    def close(self) -> None:
+        self.rollouts.close()
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerState:
+    """What a checkpoint holds of the learner, on the CPU."""
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
+class LearnerActor:
+    """A Ray actor: the model, optimizer and LR schedule, updated from the driver's batches."""
+
+    def __init__(self, config: TrainConfig, cpus: float) -> None:
+        _use_cpus(cpus)
+        torch.manual_seed(config.run.seed)
+        self.learner = make_learner(config, config.model.device)
+
+    def device(self) -> str:
+        """Where the learner runs; answering at all means the model has loaded."""
+        return str(self.learner.device)
+
+    def step(self, samples: list[Sample]) -> LearnStats:
+        return self.learner.step(samples)
+
+    def weights(self) -> Weights:
+        # The returned dict is serialised into the object store as it is now: a snapshot of this version.
+        return {name: tensor.cpu() for name, tensor in self.learner.weights()}
+
+    def state(self) -> LearnerState:
+        learner = self.learner
+        return LearnerState(
+            _to_cpu(learner.trainable.state_dict()),
+            _to_cpu(learner.optimizer.state_dict()),
+            learner.scheduler.state_dict(),
+        )
+
+    def load_state(self, state: LearnerState) -> None:
+        learner = self.learner
+        learner.trainable.load_state_dict(state.model)
+        learner.optimizer.load_state_dict(state.optimizer)
+        learner.scheduler.load_state_dict(state.scheduler)
+
+
+# --- the driver's side ------------------------------------------------------------------------------
+
+
+class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
+    """The learner's weights of one version in Ray's object store.
+
+    Rollout workers pull `ref` themselves (`RayRollouts.load`); iterating fetches the tensors to the
+    driver, which only async mode's weight snapshots need."""
+
+    def __init__(self, ray: ModuleType, ref: Any) -> None:
+        self.ray = ray
+        self.ref = ref
+        self._items: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self._items is None:
+            weights: Weights = self.ray.get(self.ref)
+            self._items = iter(weights.items())
+        return next(self._items)
+
+
+class RemoteLearner(Learner):
+    """The driver's handle on the learner actor; the inherited model, optimizer and schedule are a CPU
+    copy that only holds state for checkpoints (`pull` before writing one, `send` after loading one)."""
+
+    def __init__(self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM) -> None:
+        super().__init__(
+            model,
+            config.optim,
+            config.algorithm.loss(),
+            total_steps=config.run.steps,
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            lora=config.model.lora,  # the same trainable structure as the actor's, for its state
+        )
+        self.ray = ray
+        self.actor = actor
+
+    def step(self, samples: Sequence[Sample]) -> LearnStats:
+        stats: LearnStats = self.ray.get(self.actor.step.remote(list(samples)))
+        return stats
+
+    def weights(self) -> RemoteWeights:
+        return RemoteWeights(self.ray, self.actor.weights.remote())
+
+    def pull(self) -> None:
+        state: LearnerState = self.ray.get(self.actor.state.remote())
+        self.trainable.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+
+    def send(self) -> None:
+        state = LearnerState(
+            self.trainable.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict()
+        )
+        self.ray.get(self.actor.load_state.remote(state))
+
+
+class RayRollouts:
+    """A `RolloutSource` over rollout worker actors: each generates and scores a shard of the prompts."""
+
+    def __init__(self, ray: ModuleType, workers: Sequence[Any]) -> None:
+        self.ray = ray
+        self.workers = list(workers)
+
+    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
+        shards = shard_plans(plans, len(self.workers))
+        busy = [(worker, shard) for worker, shard in zip(self.workers, shards, strict=True) if shard]
+        outputs: list[Generated] = self.ray.get([worker.generate.remote(shard) for worker, shard in busy])
+        return merge_shards(plans, outputs)
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """One copy into the object store (the learner's own when it comes from it); every worker pulls."""
+        ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
+        self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
+
+    def versions(self) -> list[int]:
+        """The policy version each worker's engine holds."""
+        versions: list[int] = self.ray.get([worker.version.remote() for worker in self.workers])
+        return versions
+
+    def close(self) -> None:
+        self.ray.get([worker.close.remote() for worker in self.workers])
+
+
+class RayCluster:
+    """The run's placement group and actors, and the cluster itself when this process started it."""
+
+    def __init__(self, ray: ModuleType, config: TrainConfig) -> None:
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        section = config.ray
+        plan = plan_bundles(config.run.name, section)
+        if self.started:
+            self._init(section, math.ceil(sum(b["CPU"] for b in plan.bundles)))
+        self.actors: list[Any] = []
+        self.group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy, name=plan.name)
+        ready, _ = ray.wait([self.group.ready()], timeout=section.placement_timeout_s)
+        if not ready:
+            available = ray.available_resources()
+            self.close()
+            raise ConfigError(
+                f"the Ray cluster cannot place this run's actors within {section.placement_timeout_s:g} s: "
+                f"[ray] asks for bundles {list(plan.bundles)}, the cluster has {available} free; "
+                "lower ray.learner_cpus, ray.rollout_cpus or ray.rollout_workers, or add nodes"
+            )
+
+    def _init(self, section: RaySection, cpus: int) -> None:
+        # A cluster started here gets just the CPUs the actors ask for; GPUs are detected. Actor logs
+        # stay in Ray's log files (the live view owns the terminal); failures still arrive as exceptions.
+        options: dict[str, Any] = (
+            {"address": section.address}
+            if section.address
+            else {"num_cpus": cpus, "object_store_memory": section.object_store_mib * 2**20}
+        )
+        try:
+            self.ray.init(**options, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise ConfigError(
+                f"ray.address = {section.address!r}: cannot start or join a Ray cluster: {error}"
+            ) from None
+
+    def actor(self, cls: type, bundle: int, cpus: float, gpus: float, *args: Any) -> Any:
+        strategy = self.ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=bundle
+        )
+        remote = self.ray.remote(cls).options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy)
+        handle = remote.remote(*args)
+        self.actors.append(handle)
+        return handle
+
+    def close(self) -> None:
+        for handle in self.actors:
+            self.ray.kill(handle)
+        self.actors.clear()
+        self.ray.util.remove_placement_group(self.group)
+        if self.started:
+            self.ray.shutdown()
+
+
+class RayTrainer(Trainer):
+    """The local loop with Ray rollouts and a remote learner; checkpoints pull the learner's state."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        learner: RemoteLearner,
+        rollouts: RayRollouts,
+        registry: EnvRegistry,
+        cluster: RayCluster,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(config, None, None, learner, registry, ScoringContext(), clock, rollouts=rollouts)
+        self.remote = learner
+        self.ray_rollouts = rollouts
+        self.cluster = cluster
+
+    def start_run_dir(self, resume: bool) -> None:
+        if resume:
+            # The actor must hold the checkpoint's state before the local resume pushes its weights to
+            # the workers; the local resume then loads the same checkpoint into the driver's copy again.
+            learner = self.learner
+            load_checkpoint(
+                latest_checkpoint(self.run_dir), learner.trainable, learner.optimizer, learner.scheduler
+            )
+            self.remote.send()
+        super().start_run_dir(resume)
+
+    def checkpoint(self) -> Path:
+        self.remote.pull()
+        return super().checkpoint()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.cluster.close()
+
+
+def build_ray_trainer(
+    config: TrainConfig,
+    registry: EnvRegistry,
+    sandbox: SandboxProvider | None = None,
+    resume: bool = False,
+) -> RayTrainer:
+    """Start (or join) Ray, place the learner and rollout workers, and open the run directory.
+
+    Each worker gets its own copy of the (unstarted) `sandbox` provider and so its own sandbox pool."""
+    ray = require_ray()
+    torch.manual_seed(config.run.seed)
+    cluster = RayCluster(ray, config)
+    try:
+        section = config.ray
+        actor = cluster.actor(
+            LearnerActor, 0, section.learner_cpus, section.learner_gpus, config, section.learner_cpus
+        )
+        workers = [
+            cluster.actor(
+                RolloutWorker,
+                1 + index,
+                section.rollout_cpus,
+                section.rollout_gpus,
+                config,
+                registry,
+                sandbox,
+                section.rollout_cpus,
+            )
+            for index in range(section.rollout_workers)
+        ]
+        model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
+        learner = RemoteLearner(ray, actor, config, model)
+        rollouts = RayRollouts(ray, workers)
+        # Wait for every actor's model, so that a failing one stops the run here and step 1's timings
+        # measure the step, not the actors' start.
+        ray.get(actor.device.remote())
+        rollouts.versions()
+        trainer = RayTrainer(config, learner, rollouts, registry, cluster)
+    except BaseException:
+        cluster.close()
+        raise
+    try:
+        trainer.start_run_dir(resume)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
