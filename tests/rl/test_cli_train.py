@@ -137,10 +137,11 @@ def test_live_view_prints_the_logprob_gap_and_the_ratio_spread() -> None:
     metrics = {
         **BASE_METRICS,
         "learner/max_logprob_diff": 3e-6,
+        "learner/compared_tokens": 96.0,
         "learner/ratio_min": 0.97,
         "learner/ratio_max": 1.05,
         "learner/ratio_std": 0.02,
     }
     text = _view_text(metrics)
-    assert "logprob diff 3.0e-06" in text
+    assert "logprob diff 3.0e-06 over 96 tokens" in text
     assert "ratio 0.970..1.050 (std 2.0e-02)" in text

@@ -296,6 +296,7 @@ def test_two_training_steps_on_a_multi_turn_mixture(
     on_policy = history if mode == "sync" else history[:1]
     for metrics in on_policy:  # the learner recomputes the engine's logprobs: ratios of 1, no correction
         assert metrics["staleness_max"] == 0 and metrics["learner/importance_sampling"] == 0.0
+        assert metrics["learner/compared_tokens"] > 0  # the gap below covers trained tokens
         assert metrics["learner/max_logprob_diff"] <= 1e-5
         assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     if mode == "async":  # step 2 trains on tokens of version 0 with version 1: truncated IS, and it says so

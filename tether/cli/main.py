@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +10,8 @@ from rich.console import Console
 
 from tether.cli import engine, envs, models, sandbox
 from tether.cli.agent import app as agent_app
-from tether.cli.common import CliState, pool_config, state, user_errors
+from tether.cli.common import CliState, state, user_errors
+from tether.cli.demo import demo_command
 from tether.cli.eval import eval_command
 from tether.cli.gateway import app as gateway_app
 from tether.cli.jobs import app as jobs_app
@@ -38,6 +36,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
 app.add_typer(gateway_app, name="gateway")
 app.command("worker")(worker_command)
+app.command("demo")(demo_command)
 config_app = typer.Typer(help="Inspect the layered configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 console = Console()
@@ -58,39 +57,3 @@ def config_show(ctx: typer.Context) -> None:
     with user_errors():
         settings: TetherSettings = state(ctx).settings()
     console.print_json(settings.model_dump_json())
-
-
-@app.command("demo")
-def demo(
-    ctx: typer.Context,
-    out_dir: Annotated[
-        Path, typer.Option("--out-dir", help="Where the run's JSON result is written.")
-    ] = Path("runs"),
-) -> None:
-    """The main job on embedded defaults: the sandbox's HumanEval check and throughput benchmark."""
-    with user_errors():
-        settings = state(ctx).settings()
-        slots = 2 * settings.sandbox.slots
-        spec = settings.sandbox.spec
-        canonical = asyncio.run(sandbox._humaneval(spec, slots, False, True, False, ctx))
-        mutated = asyncio.run(sandbox._humaneval(spec, slots, True, True, False, ctx))
-        console.print(sandbox.humaneval_table([canonical, mutated]))
-        bench = asyncio.run(sandbox._bench(spec, slots, 600, 120, True, False, ctx))
-        console.print(sandbox.bench_table(bench))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "humaneval": canonical.summary(),
-                "humaneval_mutated": mutated.summary(),
-                "bench": bench,
-                "pool": pool_config(settings).slots,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    console.print(f"results written to {path}")
-    if canonical.passed != canonical.total:
-        raise typer.Exit(1)

@@ -33,7 +33,8 @@ def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
         f"{metrics['tokens_per_s']:.0f} tok/s  "
         f"staleness {metrics['staleness_mean']:.2f} (max {metrics['staleness_max']:.0f})  "
         f"loss {metrics.get('learner/loss', 0.0):+.4f}  "
-        f"logprob diff {metrics.get('learner/max_logprob_diff', 0.0):.1e}  "
+        f"logprob diff {metrics.get('learner/max_logprob_diff', 0.0):.1e} "
+        f"over {metrics.get('learner/compared_tokens', 0.0):.0f} tokens  "
         f"ratio {metrics.get('learner/ratio_min', 1.0):.3f}..{metrics.get('learner/ratio_max', 1.0):.3f} "
         f"(std {metrics.get('learner/ratio_std', 0.0):.1e})",
     )

@@ -4,6 +4,8 @@ Each generator draws a problem from `Random(seed)` and computes its answer exact
 `1/2`, `0.5` and `\\frac{1}{2}` all match a reference of `1/2`. The answer is parsed as one LaTeX
 expression (as if boxed), never searched for in free text, so hedges such as `3 or 1/2`, `3 = 1/2`
 or a list of candidates do not match; sets of roots and `x = ..., y = ...` assignments compare as sets.
+`math/python_arithmetic` is the exception: the answer is a Python program, run in the sandbox (never in
+this process), and the last integer it prints is compared with the exact value.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 from math_verify import LatexExtractionConfig, parse, verify  # type: ignore[import-untyped,unused-ignore]
 
 from tether.envs.base import ChatRenderer, Environment, Problem, RewardInput, Task
+from tether.envs.code.extract import CodeBlockParser
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import answer_rubric, hedged
+from tether.envs.sandboxed import capped_spec
+from tether.sandbox.result import RunStatus
 
 MAX_ANSWER_CHARS = 200  # longer "answers" are refused before sympy sees them (they can be slow to parse)
 SYSTEM = (
@@ -277,6 +282,88 @@ def math_environment(name: str) -> Environment:
     )
 
 
+# --- math/python_arithmetic: the model computes with a program, the sandbox runs it ---------------------
+
+PROGRAM_PARSER = CodeBlockParser("python")
+PROGRAM_SYSTEM = (
+    "You solve arithmetic problems by writing a short Python program that prints the answer. "
+    + PROGRAM_PARSER.instructions
+)
+PROGRAM_TIMEOUT_S = 2.0  # a looping answer costs this much sandbox time, not the pool default; print takes ms
+PROGRAM_MAX_CHARS = 400  # full length reward up to here: `print(...)` of the expression is one line
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramArithmeticSource:
+    """`a op b op c` over + - * with two-digit operands (one digit next to a product): integer values.
+
+    The reference answer is the program `print(<expression>)` (the form the code-block parser extracts);
+    the value it prints is kept in `data["value"]`."""
+
+    def problem(self, seed: int) -> Problem:
+        rng = random.Random(seed)
+        op1, op2 = rng.choice("+-*"), rng.choice("+-*")
+        a = rng.randint(2, 9 if op1 == "*" else 99)
+        b = rng.randint(2, 9 if "*" in (op1, op2) else 99)
+        c = rng.randint(2, 9 if op2 == "*" else 99)
+        expression = f"{a} {op1} {b} {op2} {c}"
+        first = {"+": a + b, "-": a - b, "*": a * b}
+        # Python's precedence: a product binds tighter than the sum or difference before it.
+        if op2 == "*" and op1 != "*":
+            value = a + b * c if op1 == "+" else a - b * c
+        else:
+            value = {"+": first[op1] + c, "-": first[op1] - c, "*": first[op1] * c}[op2]
+        question = f"What is {expression}? Write a Python program that prints the result."
+        return Problem(prompt=question, answer=f"print({expression})\n", data={"value": value})
+
+
+def last_printed_integer(stdout: str) -> int | None:
+    """The last integer in a program's output (a leading minus counts): only one candidate ever counts."""
+    found = _INTEGER.findall(stdout)
+    return int(found[-1]) if found else None
+
+
+async def program_correctness(inp: RewardInput) -> float:
+    """1 when the program exits cleanly and the last integer it printed is the value."""
+    program = inp.parsed.answer
+    if program is None:
+        return 0.0
+    spec = await capped_spec(inp.ctx, PROGRAM_TIMEOUT_S)
+    result = await inp.ctx.run(program, "python", spec=spec)
+    if result.status is not RunStatus.OK:
+        inp.detail["run"] = f"{result.status.value}: {(result.error or result.stderr)[-200:]}"
+        return 0.0
+    printed = last_printed_integer(result.stdout)
+    inp.detail["printed"] = printed
+    return 1.0 if printed == inp.task.data["value"] else 0.0
+
+
+def _program_adversarial(task: Task) -> list[str]:
+    value = int(task.data["value"])
+    return [
+        PROGRAM_PARSER.format(f"print({value + 1})"),
+        PROGRAM_PARSER.format(f"print({value})\nprint({value + 1})"),  # only the last integer counts
+        PROGRAM_PARSER.format(f"print({value})\nraise SystemExit(1)"),  # a failing program earns nothing
+        PROGRAM_PARSER.format(f"import sys\nprint({value}, file=sys.stderr)"),
+        PROGRAM_PARSER.format("while True:\n    pass"),
+        f"The answer is {value}.",  # right, but not a program
+    ]
+
+
+def program_arithmetic_environment() -> Environment:
+    return Environment(
+        name="math/python_arithmetic",
+        source=ProgramArithmeticSource(),
+        renderer=ChatRenderer(PROGRAM_SYSTEM),
+        parser=PROGRAM_PARSER,
+        rubric=answer_rubric(program_correctness, max_chars=PROGRAM_MAX_CHARS),
+        description="integer arithmetic answered by a Python program that the sandbox runs",
+        adversarial=_program_adversarial,
+    )
+
+
 def register(registry: EnvRegistry) -> None:
     for name in GENERATORS:
         registry.register(f"math/{name}", partial(math_environment, name), source=__name__)
+    registry.register("math/python_arithmetic", program_arithmetic_environment, source=__name__)

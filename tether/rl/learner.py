@@ -80,6 +80,7 @@ class LearnStats:
     ratio_min: float
     ratio_std: float
     max_logprob_diff: float  # max |engine logprob - recomputed logprob| over the trained tokens
+    compared_tokens: int  # tokens max_logprob_diff and the ratios cover (0: nothing was trained)
     importance_sampling: float  # share of trained tokens from stale samples, weighted by truncated IS
     tis_truncated: float  # share of those tokens whose IS weight was capped at tis_cap
     grad_norm: float
@@ -312,6 +313,7 @@ class Learner:
             ratio_min=ratios.low if ratios.count else 1.0,
             ratio_std=ratios.std(),
             max_logprob_diff=ratios.gap,
+            compared_tokens=ratios.count,
             importance_sampling=ratios.stale / ratios.count if ratios.count else 0.0,
             tis_truncated=ratios.truncated / ratios.stale if ratios.stale else 0.0,
             grad_norm=float(grad_norm),
