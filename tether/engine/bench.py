@@ -156,8 +156,12 @@ class BenchConfig:
             "repeats",
             "spec_tokens",
             "spec_max_output",
+            "lanes",
+            "threads",
         ):
             value = getattr(self, name)
+            if value is None and name in ("lanes", "threads"):  # optional: None picks the default
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
         if self.max_output < self.min_output:
@@ -166,10 +170,6 @@ class BenchConfig:
             )
         if self.kv_cache_mib < 1:
             raise ConfigError(f"bench: kv_cache_mib = {self.kv_cache_mib}: expected at least 1")
-        for name in ("lanes", "threads"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
 
 
 @dataclass(frozen=True, slots=True)
