@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,7 +36,8 @@ def random_decode_problem(
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "block_size"),
-    [(9, 3, 64, 16), (4, 4, 36, 4), (8, 2, 128, 8), (6, 1, 20, 3)],
+    # head_dim 64 and 128 take the AVX-512 path where the CPU has it, 24 the AVX2 one, 36 and 20 plain C
+    [(9, 3, 64, 16), (4, 4, 36, 4), (8, 2, 128, 8), (6, 1, 20, 3), (4, 2, 24, 16)],
 )
 def test_native_decode_matches_torch(heads: int, kv_heads: int, head_dim: int, block_size: int) -> None:
     lengths = [1, 7, 33, 64, 129, 5, 300]
@@ -45,6 +48,33 @@ def test_native_decode_matches_torch(heads: int, kv_heads: int, head_dim: int, b
     decode_native(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, native)
     decode_torch(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, reference)
     torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 24, 20])
+def test_native_decode_gives_the_same_bits_on_any_thread_count(head_dim: int) -> None:
+    """Work is split by (sequence, KV head); each is computed whole by one thread."""
+    q, keys, values, metadata = random_decode_problem(1, [3, 90, 17, 200, 41], 6, 2, head_dim, 16)
+    assert metadata.decode is not None
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            out = torch.full_like(q, torch.nan)
+            decode_native(q, keys, values, metadata.decode, 2, head_dim**-0.5, out)
+            results.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_the_kernel_shares_torchs_openmp_runtime() -> None:
+    """Two OpenMP runtimes would each keep threads spinning for the same cores."""
+    runtimes = {
+        line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line
+    }
+    assert len(runtimes) <= 1, f"more than one OpenMP runtime loaded: {sorted(runtimes)}"
 
 
 def test_native_decode_ignores_stale_cache_beyond_each_length() -> None:

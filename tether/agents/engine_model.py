@@ -22,9 +22,9 @@ class EngineModel(OpenAIChatModel):
         from tether.models import configure_threads
         from tether.models.cache import pull
 
-        threads = configure_threads()
+        configure_threads()
         folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
-        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib, lanes=threads)
+        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib)
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
         app = create_app(self._engine, tokenizer, name)
         self._engine.start()

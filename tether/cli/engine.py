@@ -51,7 +51,7 @@ def bench_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the output lengths.")] = 0,
     lanes: Annotated[
         int | None,
-        typer.Option("--lanes", help="Data-parallel lanes of the engines (default: one per torch thread)."),
+        typer.Option("--lanes", help="Data-parallel lanes of the engines (default: 1; see ModelRunner)."),
     ] = None,
     threads: Annotated[
         int | None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tether.engine import _paged
+from tether.engine import _paged  # after torch: its OpenMP runtime is then the one the kernel links to
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ class BenchConfig:
     spec_max_output: int = 256
     """Output cap of each copy task (they usually end at EOS sooner)."""
     lanes: int | None = None
-    """Data-parallel lanes of the engines (see `ModelRunner`); None: one per torch thread."""
+    """Data-parallel lanes of the engines (see `ModelRunner`); None: one, its ops split over the threads."""
     threads: int | None = None
     """Torch threads of every measurement; None: the cores idle at the start (`configure_threads`)."""
     seed: int = 0
@@ -351,7 +351,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         seed=config.seed,
         speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM, num_speculative_tokens=config.spec_tokens),
     )
-    lanes = config.lanes or threads
+    lanes = config.lanes or 1
     for each in (engine, int8_engine, spec_engine):
         each.runner.set_lanes(lanes)
     hf = load_reference(folder)

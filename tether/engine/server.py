@@ -441,15 +441,12 @@ def serve(
     **engine_options: Any,
 ) -> None:
     """Load `model` (a folder or a cached registered name), then serve it with uvicorn until interrupted."""
-    import torch
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
     from tether.models import configure_threads
 
-    threads = configure_threads()
-    if torch.device(engine_options.get("device", "cpu")).type == "cpu":
-        engine_options.setdefault("lanes", threads)  # the server owns the process's cores
+    configure_threads()
     engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
     async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
     app = create_app(async_engine, tokenizer, model_name or Path(model).name)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tether.models import prepack
 from tether.models.config import RopeScaling
 
 
@@ -73,27 +74,51 @@ class RotaryEmbedding(nn.Module):
         return x * cos + rotated * sin
 
 
-# BLAS picks its kernel by the number of rows: on CPU a row's float32 result was measured to differ in the
-# last bits between fewer than 16 rows and 16 or more, and to be the same for any count from 16 up.
+# MKL picks its kernel by the number of rows: on CPU a row's float32 result was measured to differ in the
+# last bits between fewer than 16 rows and 16 or more, and to be the same for any count from 16 up. oneDNN's
+# packed kernel (`prepack`) needs only 2.
 BATCH_INVARIANT_ROWS = 16
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` that can make its per-row result independent of the rows computed with it (on CPU): with
-    `min_rows` = `BATCH_INVARIANT_ROWS`, a decode step of a few sequences is padded to that many rows, so
-    the engine's projections equal the learner's over whole sequences bit for bit. Off by default: a
-    single decoding sequence then runs 2.2x slower (SmolLM2, one thread), which serving need not pay."""
+    """`nn.Linear` that runs through oneDNN with a prepacked weight where it can (`prepack`: 2-2.5x MKL's
+    speed on AVX-512 CPUs), and that can make its per-row result independent of the rows computed with it:
+    with `batch_invariant`, a call of fewer rows than its kernel needs for that (`min_rows`) is padded, so
+    a rollout engine's decode steps equal the learner's forward over whole sequences bit for bit.
+
+    An inference owner (the engine's `ModelRunner`) gives the layer a `packed_cache`, which keeps the
+    packed copy between calls; without one, every call packs afresh (training: the weights move at every
+    step). `prepacked = False` keeps to `F.linear`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.min_rows = 1
+        self.batch_invariant = False
+        self.prepacked = True
+        self.packed_cache: prepack.PackedWeight | None = None
+
+    def runs_packed(self, x: torch.Tensor | None = None) -> bool:
+        return self.prepacked and prepack.supports(self.weight, x)
+
+    @property
+    def min_rows(self) -> int:
+        """Rows each call computes at least: 1, or what batch invariance needs from this layer's kernel."""
+        if not self.batch_invariant or self.weight.device.type != "cpu":
+            return 1
+        return prepack.PACKED_INVARIANT_ROWS if self.runs_packed() else BATCH_INVARIANT_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not 0 < rows < self.min_rows or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
-        padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, self.min_rows - rows))
-        return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+        needed = self.min_rows
+        padded = x
+        if 0 < rows < needed:
+            padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, needed - rows))
+        if rows == 0 or not self.runs_packed(x):
+            out = F.linear(padded, self.weight, self.bias)
+        elif torch.is_grad_enabled() or self.packed_cache is None:
+            out = prepack.trainable_linear(padded, self.weight, self.bias)
+        else:
+            out = prepack.linear(padded, self.packed_cache.get(self.weight), self.bias)
+        return out if padded is x else out[:rows].reshape(*x.shape[:-1], -1)
 
 
 class GatedMLP(nn.Module):

@@ -19,7 +19,7 @@ import torch
 PROC_STAT = Path("/proc/stat")
 # A core at least half idle counts as free. Three quarters was too strict: on an otherwise quiet machine
 # the kernel's own housekeeping and a shell left 1.7 idle cores of 2 in a 0.2 s sample, and a benchmark
-# ran on one thread. A half-busy core costs less since engine steps split into lanes (`ModelRunner`).
+# ran on one thread. Where other work keeps a core half busy, engine lanes (`ModelRunner`) cost less.
 FREE_CORE_THRESHOLD = 0.5
 
 

@@ -12,8 +12,9 @@ from torch import nn
 
 from tether.engine.attention import AttentionMetadata, paged_attention
 from tether.engine.kv_cache import KVCache
+from tether.models import prepack
 from tether.models.config import ModelConfig
-from tether.models.layers import BATCH_INVARIANT_ROWS, GatedMLP, Linear, RMSNorm, RotaryEmbedding
+from tether.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -102,16 +103,33 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.min_rows = 1
+
+    def projections(self) -> list[Linear]:
+        return [module for module in self.modules() if isinstance(module, Linear)]
+
+    @property
+    def min_rows(self) -> int:
         """Rows every projection computes at least (`set_batch_invariant`)."""
+        return max((linear.min_rows for linear in self.projections()), default=1)
 
     def set_batch_invariant(self, enabled: bool) -> None:
         """Make every projection's per-row result independent of the batch (`layers.Linear`): what an RL
         rollout engine needs so that the learner recomputes its logprobs exactly."""
-        self.min_rows = BATCH_INVARIANT_ROWS if enabled else 1
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.min_rows = self.min_rows
+        for linear in self.projections():
+            linear.batch_invariant = enabled
+
+    def set_prepacked(self, enabled: bool) -> None:
+        """Run projections through oneDNN with packed weights where supported (the default), or plain
+        `F.linear`. A learner must use the same setting as the engine whose logprobs it recomputes."""
+        for linear in self.projections():
+            linear.prepacked = enabled
+
+    def cache_packed_weights(self, enabled: bool) -> None:
+        """Keep each projection's packed weight between calls (inference): rebuilt when a weight is
+        replaced or written in place through torch's counted writes (`copy_`), which is how the engine
+        updates weights. Off, every call packs afresh, as training needs."""
+        for linear in self.projections():
+            linear.packed_cache = prepack.PackedWeight() if enabled else None
 
     def tie_weights(self) -> None:
         """Re-share the output projection with the embedding (needed after loading with `assign=True`)."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.table import Table
 
@@ -172,20 +171,14 @@ def eval_plans(domains: Sequence[str], section: DemoSection) -> list[PromptPlan]
     return plans
 
 
-def evaluate(
-    source: EngineRollouts, plans: Sequence[PromptPlan], params: SamplingParams, lanes: int = 1
-) -> list[Rollout]:
+def evaluate(source: EngineRollouts, plans: Sequence[PromptPlan], params: SamplingParams) -> list[Rollout]:
     """Generate and score `plans` with the weights the engine holds now; training is left as it was."""
     training_params = source.params
-    runner = source.engine.runner
     source.params = params
-    if runner.device.type == "cpu":
-        runner.set_lanes(lanes)  # as sync training does: generation alone has every core
     try:
         return source.generate(plans).rollouts
     finally:
         source.params = training_params
-        runner.set_lanes(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +331,9 @@ def run_demo(
             temperature=config.eval_temperature,
             n=config.demo.samples_per_prompt,
         )
-        lanes = torch.get_num_threads()
         phase(f"held-out evaluation before training: {len(plans)} prompts")
         mark = clock()
-        before = evaluate(source, plans, params, lanes)
+        before = evaluate(source, plans, params)
         timings["eval_before_s"] = clock() - mark
         phase(f"training: {config.train.run.steps} steps")
         mark = clock()
@@ -349,7 +341,7 @@ def run_demo(
         timings["train_s"] = clock() - mark
         phase("held-out evaluation after training")
         mark = clock()
-        after = evaluate(source, plans, params, lanes)
+        after = evaluate(source, plans, params)
         timings["eval_after_s"] = clock() - mark
     finally:
         trainer.close()

@@ -371,12 +371,6 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------------
 
-    def _set_lanes(self, lanes: int) -> None:
-        """Sync mode: generation and learning alternate, so the in-process rollout engine may split each
-        step over every core (`ModelRunner.set_lanes`); async mode shares the cores with the learner."""
-        if isinstance(self.rollouts, EngineRollouts) and self.rollouts.engine.runner.device.type == "cpu":
-            self.rollouts.engine.runner.set_lanes(lanes)
-
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         """Finish the current step, checkpoint and return (what SIGTERM and Ctrl-C do during `run`)."""
         self.stop_requested = True
@@ -397,12 +391,10 @@ class Trainer:
                 torch.set_num_threads(learner_threads)
                 history = run_async(self, on_step)
             else:
-                self._set_lanes(threads)
                 history = self._run_sync(on_step)
             if final_checkpoint and self.step % self.config.run.checkpoint_every != 0:
                 self.checkpoint()
         finally:
-            self._set_lanes(1)
             torch.set_num_threads(threads)
             self._rollout_threads = None
             for signum, handler in previous.items():
