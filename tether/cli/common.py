@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,14 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from tether.config import TetherSettings, load_settings
 from tether.errors import TetherError
@@ -45,6 +53,36 @@ def user_errors() -> Iterator[None]:
         yield
     except (TetherError, SandboxUnavailable, FileNotFoundError) as error:
         fail(str(error))
+
+
+@contextmanager
+def phases(echo: bool = False) -> Iterator[Callable[[str], None]]:
+    """A stderr spinner naming the phase a long command is in, with the time since it started; yields
+    the function that moves it to the next phase (`echo` also prints each phase as a line of history)."""
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+    )
+    with progress:
+        task = progress.add_task("starting", total=None)
+
+        def report(message: str) -> None:
+            if echo:
+                progress.console.print(message, highlight=False)
+            progress.update(task, description=message)
+
+        yield report
+
+
+def counted_progress() -> Progress:
+    """A transient stderr progress bar for a known number of items (runs, episodes)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
 
 
 def print_json(payload: Any) -> None:

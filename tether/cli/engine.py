@@ -9,10 +9,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tether.cli.common import err_console, print_json, state, user_errors
+from tether.cli.common import phases, print_json, state, user_errors
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -85,12 +84,8 @@ def bench_command(
             lanes=lanes,
             threads=threads,
         )
-        progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
-        )
-        with progress:
-            task = progress.add_task("starting", total=None)
-            result = run_bench(config, lambda message: progress.update(task, description=message))
+        with phases() as report:
+            result = run_bench(config, report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

@@ -16,10 +16,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tether.cli.common import err_console, fail, pool_config, print_json, state, user_errors
+from tether.cli.common import counted_progress, err_console, fail, pool_config, print_json, state, user_errors
 from tether.envs.base import SandboxProvider, ScoringContext
 from tether.envs.eval import (
     Backend,
@@ -184,14 +183,7 @@ async def _run(
     concurrency: int,
     path: Path,
 ) -> list[EpisodeRecord]:
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
+    progress = counted_progress()
     with path.open("w") as sink, progress:
         bar = progress.add_task("episodes", total=len(plan))
 

@@ -16,10 +16,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tether.cli.common import err_console, print_json, state, user_errors
+from tether.cli.common import phases, print_json, state, user_errors
 
 app = typer.Typer(help="RL tools: the training-step benchmark (training itself: tether train).")
 
@@ -88,16 +87,7 @@ def bench_command(
             seed=seed,
             trl=trl,
         )
-        progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
-        )
-
-        def report(message: str) -> None:
-            progress.console.print(message, highlight=False)
-            progress.update(task, description=message)
-
-        with progress, contextlib.redirect_stdout(sys.stderr):
-            task = progress.add_task("starting", total=None)
+        with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):
             result = run_bench(config, report)
     path = out or Path("runs") / f"rl-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tether.cli.common import err_console, fail, pool_config, print_json, state, user_errors
+from tether.cli.common import counted_progress, err_console, fail, pool_config, print_json, state, user_errors
 from tether.sandbox.bench import run_benchmark
 from tether.sandbox.doctor import run_checks
 from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
@@ -32,17 +31,6 @@ SlotsOption = Annotated[int | None, typer.Option("--slots", min=1, help="Concurr
 def _spec(ctx: typer.Context, spec_file: Path | None) -> SandboxSpec:
     with user_errors():
         return load_spec(spec_file) if spec_file else state(ctx).settings().sandbox.spec
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
 
 
 @app.command("run")
@@ -135,7 +123,7 @@ async def _humaneval(
     async with SandboxPool(spec, config) as pool:
         if not show_progress:
             return await run_humaneval(pool, problems, mutate)
-        with _progress() as progress:
+        with counted_progress() as progress:
             task = progress.add_task("HumanEval" + (" (mutated)" if mutate else ""), total=len(problems))
             return await run_humaneval(pool, problems, mutate, on_done=lambda _: progress.advance(task))
 
@@ -195,7 +183,7 @@ async def _bench(
     async with SandboxPool(spec, config) as pool:
         if not show_progress:
             return await run_benchmark(pool, runs, fresh_runs)
-        with _progress() as progress:
+        with counted_progress() as progress:
             task = progress.add_task("sandbox bench", total=runs + fresh_runs)
             return await run_benchmark(pool, runs, fresh_runs, on_run=lambda: progress.advance(task))
 

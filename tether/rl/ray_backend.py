@@ -35,6 +35,7 @@ from tether.rl.trainer import (
     EngineRollouts,
     Generated,
     Trainer,
+    learner_options,
     make_engine,
     make_learner,
     sampling_params,
@@ -221,15 +222,7 @@ class RemoteLearner(Learner):
     copy that only holds state for checkpoints (`pull` before writing one, `send` after loading one)."""
 
     def __init__(self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM) -> None:
-        super().__init__(
-            model,
-            config.optim,
-            config.algorithm.loss(),
-            total_steps=config.run.steps,
-            temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            lora=config.model.lora,  # the same trainable structure as the actor's, for its state
-        )
+        super().__init__(model, **learner_options(config))  # LoRA too: the actor's trainable structure
         self.ray = ray
         self.actor = actor
 

@@ -426,6 +426,20 @@ def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrained
     )
 
 
+def learner_options(config: TrainConfig) -> dict[str, Any]:
+    """The `Learner` arguments `config` alone fixes: shared by the learner and the Ray driver's copy of
+    its state (which never computes, so it takes no reference model and no bf16)."""
+    return {
+        "optim": config.optim,
+        "loss": config.algorithm.loss(),
+        "total_steps": config.run.steps,
+        "temperature": config.rollout.temperature,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "lora": config.model.lora,
+        "tis_cap": config.algorithm.tis_cap,
+    }
+
+
 def make_learner(config: TrainConfig, device: str) -> Learner:
     """The learner of `config` on `device` (in this process or the Ray learner actor's)."""
     from tether.models import load
@@ -435,18 +449,7 @@ def make_learner(config: TrainConfig, device: str) -> Learner:
     reference = None
     if config.algorithm.kl_coef > 0:
         reference, _, _ = load(model_config.name, model_config.cache_dir, device=device)
-    return Learner(
-        model,
-        config.optim,
-        config.algorithm.loss(),
-        total_steps=config.run.steps,
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.rollout.max_new_tokens,
-        reference=reference,
-        bf16=model_config.bf16,
-        lora=model_config.lora,
-        tis_cap=config.algorithm.tis_cap,
-    )
+    return Learner(model, reference=reference, bf16=model_config.bf16, **learner_options(config))
 
 
 def build_trainer(
