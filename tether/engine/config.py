@@ -36,7 +36,8 @@ class EngineConfig:
     """Accepts the enum or its value; stored as the enum."""
     lanes: int = 1
     """Forwards run at once per step on CPU, each over a share of the batch and of torch's threads
-    (`ModelRunner.set_lanes`); set it to the torch thread count when the engine owns the cores."""
+    (`ModelRunner.set_lanes`). One (each op split over the threads) is fastest on cores the engine has to
+    itself; the torch thread count holds up better where other work shares the cores."""
 
     def __post_init__(self) -> None:
         for name in (
