@@ -19,6 +19,7 @@ def test_defaults() -> None:
     assert config.preemption_mode is PreemptionMode.RECOMPUTE
     assert config.max_blocks_per_seq == 128
     assert config.lanes == 1
+    assert config.adapt_threads is False
 
 
 def test_preemption_mode_accepts_its_string_value() -> None:
@@ -43,6 +44,7 @@ def test_config_is_frozen() -> None:
         ({"max_model_len": 0}, "max_model_len = 0: expected an integer of at least 1"),
         ({"lanes": 0}, "lanes = 0: expected an integer of at least 1"),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching = 'yes': expected true or false"),
+        ({"adapt_threads": 1}, "adapt_threads = 1: expected true or false"),
         ({"preemption_mode": "swap"}, "preemption_mode = 'swap': expected one of 'recompute'"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens = 32: expected at"),
         ({"num_blocks": 127}, "num_blocks = 127: expected at least 128"),

@@ -22,6 +22,7 @@ from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig, EngineSto
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.engine.server import create_app
+from tether.models.governor import ThreadGovernor
 from tether.testing import make_tiny_model
 
 MODEL = "tiny-qwen3"
@@ -298,6 +299,8 @@ async def test_metrics_health_and_models(client: httpx.AsyncClient) -> None:
     for name in (
         "tether_queue_depth",
         "tether_running_sequences",
+        "tether_torch_threads",
+        "tether_thread_changes_total",
         "tether_kv_blocks_used",
         "tether_prefix_cache_hit_rate",
         "tether_generated_tokens_total",
@@ -423,3 +426,10 @@ async def test_shutdown_without_drain_fails_unfinished_requests(tiny_path: Path)
         async for _ in stream:
             pass
     assert async_engine.num_pending == 0
+
+
+def test_adapt_threads_gives_the_runner_a_governor(tiny_path: Path) -> None:
+    adaptive, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, max_model_len=128, adapt_threads=True)
+    fixed, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, max_model_len=128)
+    assert isinstance(adaptive.runner.governor, ThreadGovernor)
+    assert fixed.runner.governor is None

@@ -24,7 +24,7 @@ class EngineModel(OpenAIChatModel):
 
         configure_threads()
         folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
-        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib)
+        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib, adapt_threads=True)
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
         app = create_app(self._engine, tokenizer, name)
         self._engine.start()

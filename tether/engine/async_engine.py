@@ -22,6 +22,8 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from tether.engine.block_manager import BlockManagerStats
 from tether.engine.llm_engine import Completion, LLMEngine, RequestOutput
 from tether.engine.model_runner import WeightUpdateError
@@ -97,6 +99,8 @@ class EngineStats:
     blocks: BlockManagerStats | None = None
     steps: int = 0
     weights: WeightUpdateStats | None = None
+    torch_threads: int = 0
+    thread_changes: int = 0
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -358,6 +362,7 @@ class AsyncEngine:
 
     def _snapshot(self, steps: int) -> None:
         scheduler = self.engine.scheduler
+        governor = self.engine.runner.governor
         self.stats = EngineStats(
             num_waiting=len(scheduler.waiting),
             num_running=len(scheduler.running),
@@ -366,6 +371,8 @@ class AsyncEngine:
             blocks=self.engine.block_manager.stats(),
             steps=steps,
             weights=self.engine.weight_stats,
+            torch_threads=torch.get_num_threads(),  # the engine thread's own count
+            thread_changes=governor.changes if governor is not None else 0,
         )
 
     def _fail_all(self, error: BaseException) -> None:

@@ -38,6 +38,10 @@ class EngineConfig:
     """Forwards run at once per step on CPU, each over a share of the batch and of torch's threads
     (`ModelRunner.set_lanes`). One (each op split over the threads) is fastest on cores the engine has to
     itself; the torch thread count holds up better where other work shares the cores."""
+    adapt_threads: bool = False
+    """Follow the cores free while stepping (`tether.models.governor`): one torch thread fewer when ours
+    wait for a CPU, one more when a core stands idle. For an engine that owns the process's threads (a
+    server); a benchmark or a trainer that splits threads itself leaves it off."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -51,6 +55,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine: {name} = {value!r}: expected an integer of at least 1")
+        if not isinstance(self.adapt_threads, bool):
+            raise ConfigError(f"engine: adapt_threads = {self.adapt_threads!r}: expected true or false")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(
                 f"engine: enable_prefix_caching = {self.enable_prefix_caching!r}: expected true or false"

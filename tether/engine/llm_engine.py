@@ -46,6 +46,7 @@ from tether.engine.weight_update import (
 )
 from tether.errors import ConfigError
 from tether.models import load
+from tether.models.governor import ThreadGovernor
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -114,6 +115,8 @@ class LLMEngine:
             )
         self.runner = runner
         runner.set_lanes(config.lanes)
+        if config.adapt_threads and runner.device.type == "cpu":
+            runner.governor = ThreadGovernor()
         self.config = config
         self.block_manager = BlockManager.from_config(config)
         self.scheduler = Scheduler(config, self.block_manager)

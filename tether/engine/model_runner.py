@@ -25,6 +25,7 @@ import torch
 from tether.engine.attention import AttentionMetadata, SequenceSpan
 from tether.engine.kv_cache import KVCache
 from tether.models.config import ModelConfig
+from tether.models.governor import ThreadGovernor
 from tether.models.quantize import is_quantized, update_quantized_weights
 from tether.models.transformer import CausalLM
 
@@ -126,6 +127,8 @@ class ModelRunner:
         self._pool: ThreadPoolExecutor | None = None
         self.lanes = 1
         self.set_lanes(lanes)
+        self.governor: ThreadGovernor | None = None
+        """Moves torch's thread count with the free cores before each step, when set."""
 
     def set_lanes(self, lanes: int) -> None:
         """Forwards run at once per step (see the module docstring); 1 runs the whole step as one."""
@@ -152,6 +155,8 @@ class ModelRunner:
         return logits.float()
 
     def step(self, chunks: list[SequenceChunk]) -> torch.Tensor:
+        if self.governor is not None:
+            self.governor.observe()
         # A batch-invariant model pads projections to `min_rows`: a lane with fewer would compute padding.
         minimum = max(MIN_LANE_TOKENS, self.model.min_rows)
         groups = split_lanes(chunks, self.lanes, minimum) if self._pool is not None else [chunks]

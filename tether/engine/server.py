@@ -447,6 +447,7 @@ def serve(
     from tether.models import configure_threads
 
     configure_threads()
+    engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
     engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
     async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
     app = create_app(async_engine, tokenizer, model_name or Path(model).name)

@@ -33,6 +33,7 @@ class EngineCollector(Collector):
             ("tether_queue_depth", "Sequences waiting for a seat.", stats.num_waiting),
             ("tether_running_sequences", "Sequences holding KV blocks.", stats.num_running),
             ("tether_pending_requests", "Requests submitted and not finished.", self.engine.num_pending),
+            ("tether_torch_threads", "Torch threads the engine steps with.", stats.torch_threads),
         ]
         if stats.blocks is not None:
             gauges += [
@@ -53,7 +54,12 @@ class EngineCollector(Collector):
                 "tether_preemptions",
                 "Sequences preempted (KV dropped, recomputed later).",
                 stats.num_preemptions,
-            )
+            ),
+            (
+                "tether_thread_changes",
+                "Changes of the engine's thread count to follow the free cores (adapt_threads).",
+                stats.thread_changes,
+            ),
         ]
         if stats.weights is not None:
             weights = stats.weights
