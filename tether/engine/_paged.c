@@ -6,10 +6,11 @@
  * sequence's block table instead, so K and V are read once and never copied. One work item is one
  * (sequence, KV head) pair: the query heads sharing that KV head (grouped-query attention) are scored
  * together, so each cached row is loaded once per group. Softmax is exact (max-subtracted, float32
- * accumulation), two passes over the scores. Paths: AVX-512 (head_dim a multiple of 16), AVX2 (of 8),
- * portable C; the work items are split over threads of torch's own OpenMP runtime (built with -fopenmp,
- * the process's libgomp.so.1 is torch's: a second pool of threads would compete with torch's spinning
- * workers for the cores, which made a 2-thread decode step of one sequence 60% slower than 1 thread).
+ * accumulation), two passes over the scores. Paths: AVX2 (head_dim a multiple of 8) and portable C; an
+ * AVX-512 variant measured no faster (decode attention is bound by reading the cache). The work items
+ * are split over threads of torch's own OpenMP runtime (built with -fopenmp, the process's libgomp.so.1
+ * is torch's): a second pool of threads competed with torch's spinning workers for the cores, which
+ * made a 2-thread decode step of one sequence 60% slower than on 1 thread.
  *
  * The caller (tether/engine/attention.py) validates shapes, dtypes and contiguity; this file checks only
  * what could make it read out of bounds (block ids, lengths) and reports it as ValueError.
@@ -57,11 +58,23 @@ static int valid(const Problem *p, int64_t b, Slice *slice) {
     return 1;
 }
 
+/* Row t of KV head h in a sequence's cache (k or v), through its block table. */
+static inline const float *cached_row(const Problem *p, const float *cache, const int64_t *table, int64_t t,
+                                      int64_t h) {
+    return cache + (table[t / p->block_size] * p->block_size + t % p->block_size) * p->kv_heads * p->head_dim +
+           h * p->head_dim;
+}
+
+static inline float largest(const float *row, int64_t len) {
+    float top = row[0];
+    for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
+    return top;
+}
+
 /* Portable path: any head_dim, any x86-64 or other CPU. */
 static void attend_scalar(Slice *slice) {
     const Problem *p = slice->p;
     const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
-    const int64_t row_stride = p->kv_heads * d;
     float acc[MAX_HEAD_DIM];
     for (int64_t item = slice->first; item < slice->last; item++) {
         const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
@@ -70,7 +83,7 @@ static void attend_scalar(Slice *slice) {
         float *scores = slice->scores;
         if (!valid(p, b, slice)) return;
         for (int64_t t = 0; t < len; t++) {
-            const float *key = p->k + (table[t / p->block_size] * p->block_size + t % p->block_size) * row_stride + h * d;
+            const float *key = cached_row(p, p->k, table, t, h);
             for (int64_t g = 0; g < group; g++) {
                 float dot = 0;
                 for (int64_t i = 0; i < d; i++) dot += queries[g * d + i] * key[i];
@@ -78,12 +91,11 @@ static void attend_scalar(Slice *slice) {
             }
         }
         for (int64_t g = 0; g < group; g++) {
-            float *row = scores + g * len, top = row[0], total = 0;
-            for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
+            float *row = scores + g * len, top = largest(row, len), total = 0;
             for (int64_t t = 0; t < len; t++) total += row[t] = expf(row[t] - top);
             for (int64_t i = 0; i < d; i++) acc[i] = 0;
             for (int64_t t = 0; t < len; t++) {
-                const float *value = p->v + (table[t / p->block_size] * p->block_size + t % p->block_size) * row_stride + h * d;
+                const float *value = cached_row(p, p->v, table, t, h);
                 for (int64_t i = 0; i < d; i++) acc[i] += row[t] * value[i];
             }
             float *out = p->out + (b * p->heads + h * group + g) * d;
@@ -132,7 +144,6 @@ AVX2 static inline __m128 dot4(const float *q, const float *k0, const float *k1,
 AVX2 static void attend_avx2(Slice *slice) {
     const Problem *p = slice->p;
     const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
-    const int64_t row_stride = p->kv_heads * d;
     const float *rows[4];
     for (int64_t item = slice->first; item < slice->last; item++) {
         const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
@@ -143,7 +154,7 @@ AVX2 static void attend_avx2(Slice *slice) {
         for (int64_t t = 0; t < len; t += 4) {
             for (int j = 0; j < 4; j++) {
                 const int64_t u = t + j < len ? t + j : len - 1; /* past the end: repeat the last */
-                rows[j] = p->k + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d;
+                rows[j] = cached_row(p, p->k, table, u, h);
             }
             for (int64_t g = 0; g < group; g++) {
                 float four[4];
@@ -154,8 +165,7 @@ AVX2 static void attend_avx2(Slice *slice) {
         }
         for (int64_t g = 0; g < group; g++) {
             float *row = scores + g * len;
-            float top = row[0];
-            for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
+            const float top = largest(row, len);
             const __m256 peak = _mm256_set1_ps(top);
             __m256 sums = _mm256_setzero_ps();
             int64_t t = 0;
@@ -175,7 +185,7 @@ AVX2 static void attend_avx2(Slice *slice) {
                 __m256 acc[8];
                 for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
                 for (int64_t u = 0; u < len; u++) {
-                    const float *value = p->v + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d + c;
+                    const float *value = cached_row(p, p->v, table, u, h) + c;
                     const __m256 weight = _mm256_set1_ps(row[u]);
                     for (int k = 0; k < width / 8; k++)
                         acc[k] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * k), acc[k]);
@@ -185,119 +195,10 @@ AVX2 static void attend_avx2(Slice *slice) {
         }
     }
 }
-#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq")))
-
-/* `exp_nonpositive`, sixteen lanes: the same polynomial, so both paths give the same values. */
-AVX512 static inline __m512 exp_nonpositive16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
-}
-
-/* The four sums of four sixteen-lane vectors, as [sum a0, sum a1, sum a2, sum a3]. */
-AVX512 static inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1));
-    const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1));
-    const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
-    const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm512_extractf32x8_ps(a3, 1));
-    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
-}
-
-/* head_dim a multiple of 16: eight keys scored at once (eight independent sums in flight), and the
-   weighted sum of V over two keys at a time into two sets of accumulators, so that neither waits on the
-   latency of the previous multiply-add. */
-AVX512 static void attend_avx512(Slice *slice) {
-    const Problem *p = slice->p;
-    const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
-    const int64_t row_stride = p->kv_heads * d;
-    const float *rows[8];
-    for (int64_t item = slice->first; item < slice->last; item++) {
-        const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
-        const int64_t *table = p->tables + b * p->width;
-        const float *queries = p->q + (b * p->heads + h * group) * d;
-        float *scores = slice->scores;
-        if (!valid(p, b, slice)) return;
-        for (int64_t t = 0; t < len; t += 8) {
-            for (int j = 0; j < 8; j++) {
-                const int64_t u = t + j < len ? t + j : len - 1; /* past the end: repeat the last */
-                rows[j] = p->k + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d;
-            }
-            for (int64_t g = 0; g < group; g++) {
-                const float *query = queries + g * d;
-                __m512 a[8];
-                for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
-                for (int64_t i = 0; i < d; i += 16) {
-                    const __m512 qv = _mm512_loadu_ps(query + i);
-                    for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[j] + i), a[j]);
-                }
-                float eight[8];
-                const __m128 scale = _mm_set1_ps(p->scale);
-                _mm_storeu_ps(eight, _mm_mul_ps(sum4(a[0], a[1], a[2], a[3]), scale));
-                _mm_storeu_ps(eight + 4, _mm_mul_ps(sum4(a[4], a[5], a[6], a[7]), scale));
-                for (int j = 0; j < 8 && t + j < len; j++) scores[g * len + t + j] = eight[j];
-            }
-        }
-        for (int64_t g = 0; g < group; g++) {
-            float *row = scores + g * len;
-            float top = row[0];
-            for (int64_t t = 1; t < len; t++) top = row[t] > top ? row[t] : top;
-            const __m512 peak = _mm512_set1_ps(top);
-            __m512 sums = _mm512_setzero_ps();
-            int64_t t = 0;
-            for (; t + 16 <= len; t += 16) {
-                const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(row + t), peak));
-                _mm512_storeu_ps(row + t, e);
-                sums = _mm512_add_ps(sums, e);
-            }
-            float total = _mm512_reduce_add_ps(sums);
-            for (; t < len; t++) total += row[t] = expf(row[t] - top);
-            const __m512 inverse = _mm512_set1_ps(1.0f / total);
-            float *out = p->out + (b * p->heads + h * group + g) * d;
-            for (int64_t c = 0; c < d; c += 64) {
-                const int64_t width = (d - c < 64 ? d - c : 64) / 16;
-                __m512 even[4], odd[4];
-                for (int k = 0; k < 4; k++) even[k] = odd[k] = _mm512_setzero_ps();
-                int64_t u = 0;
-                for (; u + 2 <= len; u += 2) {
-                    const float *v0 = p->v + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d + c;
-                    const float *v1 = p->v + (table[(u + 1) / p->block_size] * p->block_size + (u + 1) % p->block_size) * row_stride + h * d + c;
-                    const __m512 w0 = _mm512_set1_ps(row[u]), w1 = _mm512_set1_ps(row[u + 1]);
-                    for (int k = 0; k < width; k++) {
-                        even[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * k), even[k]);
-                        odd[k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * k), odd[k]);
-                    }
-                }
-                if (u < len) {
-                    const float *v0 = p->v + (table[u / p->block_size] * p->block_size + u % p->block_size) * row_stride + h * d + c;
-                    const __m512 w0 = _mm512_set1_ps(row[u]);
-                    for (int k = 0; k < width; k++) even[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * k), even[k]);
-                }
-                for (int k = 0; k < width; k++)
-                    _mm512_storeu_ps(out + c + 16 * k, _mm512_mul_ps(_mm512_add_ps(even[k], odd[k]), inverse));
-            }
-        }
-    }
-}
 #endif
 
 static void attend(Slice *slice) {
 #if defined(__x86_64__)
-    if (slice->p->head_dim % 16 == 0 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
-        attend_avx512(slice);
-        return;
-    }
     if (slice->p->head_dim % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         attend_avx2(slice);
         return;
