@@ -8,10 +8,10 @@ With `lanes` > 1, `ModelRunner.step` splits a step's sequences into that many co
 one forward per group at once, on its own thread with its own share of torch's threads (data parallel
 over the batch, weights and KV cache shared: each group writes only its own sequences' slots). The
 default is one lane, each op split over the threads: on an idle 2-core machine that decoded SmolLM2
-10-40% faster per step than two lanes (each lane reads every weight; one matmul of all rows reads it
+10-25% faster per step than two lanes (each lane reads every weight; one matmul of all rows reads it
 once). Lanes are for cores shared with other work: with another process busy on one core, a 64-sequence
-step took 262 ms split per op (every parallel region waits for the descheduled thread) and 138 ms in two
-lanes (one wait per step).
+step took 281 ms split per op (every parallel region waits for the descheduled thread) and 148 ms in two
+lanes (one wait per step); `governor.ThreadGovernor` instead gives the busy core up (130 ms).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class ModelRunner:
     ) -> int:
         """Copy tensors into the live parameters in place; all are validated before any is copied."""
         if is_quantized(self.model):
-            return update_quantized_weights(self.model, named_tensors)  # its copies are counted writes
+            return update_quantized_weights(self.model, named_tensors)  # in place: packed copies follow
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in items:
