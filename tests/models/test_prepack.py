@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk, make_batch
 from tether.models import load, prepack
-from tether.models.layers import BATCH_INVARIANT_ROWS, Linear
+from tether.models.layers import BATCH_INVARIANT_ROWS, Linear, stacked_projections
 
 pytestmark = pytest.mark.skipif(not prepack.ONEDNN_LINEAR, reason="torch built without oneDNN")
 
@@ -155,3 +155,31 @@ def test_engine_logits_follow_a_weight_update(tiny_model: Callable[[str], Path])
     ours = runner.run(make_batch(chunk, 4, runner.device))
     theirs = plain.run(make_batch(chunk, 4, plain.device))
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])  # qwen2: q/k/v with biases
+def test_stacked_projections_change_no_bit(tiny_model: Callable[[str], Path], architecture: str) -> None:
+    """An inference runner computes q/k/v and gate/up in one packed call each; the learner one per layer.
+    Their rows must be equal bit for bit, or rollout and learner logprobs would drift apart."""
+    model, _, _ = load(tiny_model(architecture))
+    chunks = [SequenceChunk([3, 1, 4, 1, 5, 9, 2], 0, [0, 1]), SequenceChunk([2, 7], 0, [2])]
+    runner = ModelRunner(model, num_blocks=4, block_size=4)  # caches on: stacked calls
+    stacked = runner.run(make_batch(chunks, 4, runner.device))
+    assert runner.model.model.layers[0].self_attn.qkv_cache is not None
+    model.cache_packed_weights(False)  # one call per projection
+    separate = runner.run(make_batch(chunks, 4, runner.device))
+    assert torch.equal(stacked, separate)
+
+
+def test_stacked_projections_fall_back_to_one_call_each() -> None:
+    linears = [layer(8, 6, bias=True, seed=1), layer(8, 4, bias=True, seed=2)]
+    x = torch.randn(3, 8)
+    cache = prepack.PackedWeight()
+    with torch.inference_mode():
+        expected = [linear(x) for linear in linears]
+        assert all(map(torch.equal, stacked_projections(x, linears, cache), expected))
+        wrapped: list[torch.nn.Module] = [linears[0], torch.nn.Sequential(linears[1])]  # e.g. a LoRA wrapper
+        assert all(map(torch.equal, stacked_projections(x, wrapped, cache), expected))
+    x.requires_grad_(True)
+    outputs = stacked_projections(x, linears, cache)  # training: one call each, differentiable
+    assert all(out.grad_fn is not None for out in outputs)

@@ -157,12 +157,12 @@ class ModelRunner:
     def step(self, chunks: list[SequenceChunk]) -> torch.Tensor:
         if self.governor is not None:
             self.governor.observe()
+        if self._pool is None:
+            return self.run(make_batch(chunks, self.block_size, self.device))
         # A batch-invariant model pads projections to `min_rows`: a lane with fewer would compute padding.
-        minimum = max(MIN_LANE_TOKENS, self.model.min_rows)
-        groups = split_lanes(chunks, self.lanes, minimum) if self._pool is not None else [chunks]
+        groups = split_lanes(chunks, self.lanes, max(MIN_LANE_TOKENS, self.model.min_rows))
         if len(groups) == 1:
             return self.run(make_batch(chunks, self.block_size, self.device))
-        assert self._pool is not None
         batches = [make_batch(group, self.block_size, self.device) for group in groups]
         threads = torch.get_num_threads()
         share = max(1, threads // len(groups))

@@ -6,6 +6,7 @@ Numerics follow the Hugging Face reference (norms and rotary angles in float32) 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +122,32 @@ class Linear(nn.Linear):
         return out if padded is x else out[:rows].reshape(*x.shape[:-1], -1)
 
 
+def stacked_projections(
+    x: torch.Tensor, projections: Sequence[nn.Module], cache: prepack.PackedWeight | None
+) -> list[torch.Tensor]:
+    """Each projection of `x`, computed in one packed call over their stacked weights where that applies
+    (inference with a cache, every projection a packed `Linear`; same bits as one call each, see
+    `prepack`), else one call each."""
+    linears = [p for p in projections if isinstance(p, Linear)]
+    rows = x.numel() // x.shape[-1]
+    if (
+        cache is None
+        or torch.is_grad_enabled()
+        or rows == 0
+        or len(linears) != len(projections)
+        or not all(linear.runs_packed(x) for linear in linears)
+    ):
+        return [projection(x) for projection in projections]
+    needed = max(linear.min_rows for linear in linears)
+    padded = x if rows >= needed else F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, needed - rows))
+    biases = [linear.bias for linear in linears]
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+    out = prepack.linear(padded, cache.get(*(linear.weight for linear in linears)), bias)
+    if padded is not x:
+        out = out[:rows].reshape(*x.shape[:-1], -1)
+    return list(torch.split(out, [linear.out_features for linear in linears], dim=-1))
+
+
 class GatedMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -129,7 +156,10 @@ class GatedMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_cache: prepack.PackedWeight | None = None
+        """Gate and up stacked and packed, for inference (`CausalLM.cache_packed_weights`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = stacked_projections(x, (self.gate_proj, self.up_proj), self.gate_up_cache)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out

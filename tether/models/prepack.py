@@ -11,7 +11,10 @@ over whole sequences amortises.
 
 Each row of a packed projection is computed independently of the rows sharing the call: measured equal
 bit for bit from 2 rows up to 4,096, with one or two threads (one row alone may take another kernel).
-That is what lets a rollout engine and a learner compute the same logprobs (`layers.Linear`).
+That is what lets a rollout engine and a learner compute the same logprobs (`layers.Linear`). Stacking
+weights along their outputs changes no bit either (measured for SmolLM2's and Qwen2's q/k/v and gate/up
+shapes, 1-513 rows), so inference computes q, k and v in one call, and gate and up in one: fewer, larger
+calls, 12% more decode throughput and a batch-1 step of 18 ms instead of 28 (SmolLM2, 2 threads).
 """
 
 from __future__ import annotations
@@ -90,21 +93,22 @@ def trainable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class PackedWeight:
-    """An inference layer's packed copy of its weight, rebuilt when the weight is another tensor or was
-    written in place (its version moved). `clear` after writes a version does not count (fused optimizer
-    kernels). Copies and pickles start empty: oneDNN's opaque tensors can be neither."""
+    """An inference layer's packed copy of its weight (or of several weights stacked along their outputs,
+    for projections of the same input computed in one call), rebuilt when a weight is another tensor or
+    was written in place (its version moved). `clear` after writes a version does not count (fused
+    optimizer kernels). Copies and pickles start empty: oneDNN's opaque tensors can be neither."""
 
     __slots__ = ("_key", "_packed")
 
     def __init__(self) -> None:
         self._packed: torch.Tensor | None = None
-        self._key: tuple[int, int] = (0, -1)
+        self._key: tuple[tuple[int, int], ...] = ()
 
-    def get(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
+    def get(self, *weights: torch.Tensor) -> torch.Tensor:
+        key = tuple((w.data_ptr(), -1 if w.is_inference() else w._version) for w in weights)
         packed = self._packed
         if packed is None or key != self._key:
-            packed = pack(weight)
+            packed = pack(weights[0] if len(weights) == 1 else torch.cat([w.detach() for w in weights]))
             self._packed, self._key = packed, key
         return packed
 

@@ -14,7 +14,7 @@ from tether.engine.attention import AttentionMetadata, paged_attention
 from tether.engine.kv_cache import KVCache
 from tether.models import prepack
 from tether.models.config import ModelConfig
-from tether.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
+from tether.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, stacked_projections
 
 
 class Attention(nn.Module):
@@ -33,6 +33,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if traits.qk_norm else None
+        self.qkv_cache: prepack.PackedWeight | None = None
+        """q, k and v stacked and packed, for inference (`CausalLM.cache_packed_weights`)."""
 
     def forward(
         self,
@@ -42,9 +44,10 @@ class Attention(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = stacked_projections(x, (self.q_proj, self.k_proj, self.v_proj), self.qkv_cache)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
@@ -130,6 +133,11 @@ class CausalLM(nn.Module):
         updates weights. Off, every call packs afresh, as training needs."""
         for linear in self.projections():
             linear.packed_cache = prepack.PackedWeight() if enabled else None
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.qkv_cache = prepack.PackedWeight() if enabled else None
+            elif isinstance(module, GatedMLP):
+                module.gate_up_cache = prepack.PackedWeight() if enabled else None
 
     def tie_weights(self) -> None:
         """Re-share the output projection with the embedding (needed after loading with `assign=True`)."""
