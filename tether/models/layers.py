@@ -100,26 +100,39 @@ class Linear(nn.Linear):
     def runs_packed(self, x: torch.Tensor | None = None) -> bool:
         return self.prepacked and prepack.supports(self.weight, x)
 
-    @property
-    def min_rows(self) -> int:
-        """Rows each call computes at least: 1, or what batch invariance needs from this layer's kernel."""
+    def rows_needed(self, packed: bool) -> int:
+        """Rows a call computes at least: 1, or what batch invariance needs from the kernel it runs on."""
         if not self.batch_invariant or self.weight.device.type != "cpu":
             return 1
-        return prepack.PACKED_INVARIANT_ROWS if self.runs_packed() else BATCH_INVARIANT_ROWS
+        return prepack.PACKED_INVARIANT_ROWS if packed else BATCH_INVARIANT_ROWS
+
+    @property
+    def min_rows(self) -> int:
+        return self.rows_needed(self.runs_packed())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        needed = self.min_rows
-        padded = x
-        if 0 < rows < needed:
-            padded = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, needed - rows))
-        if rows == 0 or not self.runs_packed(x):
+        packed = x.numel() > 0 and self.runs_packed(x)
+        padded = _pad_rows(x, self.rows_needed(packed))
+        if not packed:
             out = F.linear(padded, self.weight, self.bias)
         elif torch.is_grad_enabled() or self.packed_cache is None:
             out = prepack.trainable_linear(padded, self.weight, self.bias)
         else:
             out = prepack.linear(padded, self.packed_cache.get(self.weight), self.bias)
-        return out if padded is x else out[:rows].reshape(*x.shape[:-1], -1)
+        return _unpad_rows(out, x, padded)
+
+
+def _pad_rows(x: torch.Tensor, needed: int) -> torch.Tensor:
+    """x as [rows, features] with zero rows added up to `needed`; x itself when it has enough (or none)."""
+    rows = x.numel() // x.shape[-1]
+    if not 0 < rows < needed:
+        return x
+    return F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, needed - rows))
+
+
+def _unpad_rows(out: torch.Tensor, x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    """The rows of `out` that `x` had, in x's leading shape (undoes `_pad_rows`)."""
+    return out if padded is x else out[: x.numel() // x.shape[-1]].reshape(*x.shape[:-1], -1)
 
 
 def stacked_projections(
@@ -129,22 +142,19 @@ def stacked_projections(
     (inference with a cache, every projection a packed `Linear`; same bits as one call each, see
     `prepack`), else one call each."""
     linears = [p for p in projections if isinstance(p, Linear)]
-    rows = x.numel() // x.shape[-1]
     if (
         cache is None
         or torch.is_grad_enabled()
-        or rows == 0
+        or x.numel() == 0
         or len(linears) != len(projections)
         or not all(linear.runs_packed(x) for linear in linears)
     ):
         return [projection(x) for projection in projections]
-    needed = max(linear.min_rows for linear in linears)
-    padded = x if rows >= needed else F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, needed - rows))
+    padded = _pad_rows(x, max(linear.rows_needed(packed=True) for linear in linears))
     biases = [linear.bias for linear in linears]
     bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
     out = prepack.linear(padded, cache.get(*(linear.weight for linear in linears)), bias)
-    if padded is not x:
-        out = out[:rows].reshape(*x.shape[:-1], -1)
+    out = _unpad_rows(out, x, padded)
     return list(torch.split(out, [linear.out_features for linear in linears], dim=-1))
 
 

@@ -95,8 +95,9 @@ def trainable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 class PackedWeight:
     """An inference layer's packed copy of its weight (or of several weights stacked along their outputs,
     for projections of the same input computed in one call), rebuilt when a weight is another tensor or
-    was written in place (its version moved). `clear` after writes a version does not count (fused
-    optimizer kernels). Copies and pickles start empty: oneDNN's opaque tensors can be neither."""
+    was written in place (its version moved; fused optimizer kernels write without moving it, which is why
+    training packs on every call instead). Copies and pickles start empty: oneDNN's opaque tensors can be
+    neither."""
 
     __slots__ = ("_key", "_packed")
 
@@ -111,9 +112,6 @@ class PackedWeight:
             packed = pack(weights[0] if len(weights) == 1 else torch.cat([w.detach() for w in weights]))
             self._packed, self._key = packed, key
         return packed
-
-    def clear(self) -> None:
-        self._packed = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedWeight:
         return PackedWeight()
