@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tether.models.threads import PROC_STAT, available_cores, cpu_times, idle_cores
+from tether.models.threads import available_cores, idle_cores, read_cpu_times
 
 TASKS = Path("/proc/self/task")
 
@@ -66,13 +66,6 @@ def run_delay_s(tasks: Path = TASKS) -> float | None:
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
     return total_ns / 1e9
-
-
-def read_cpu_times() -> tuple[int, int] | None:
-    try:
-        return cpu_times(PROC_STAT.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class ThreadGovernor:

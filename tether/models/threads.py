@@ -51,13 +51,22 @@ def idle_cores(before: tuple[int, int], after: tuple[int, int], cores: int) -> f
     return cores * max(0, after[0] - before[0]) / total
 
 
+def read_cpu_times() -> tuple[int, int] | None:
+    """`cpu_times` of this machine now, or None where /proc/stat cannot be read."""
+    try:
+        return cpu_times(PROC_STAT.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def free_cores(window_s: float = 0.5) -> int | None:
     """Cores idle over the next `window_s` seconds, or None where /proc/stat cannot be read."""
-    try:
-        before = cpu_times(PROC_STAT.read_text())
-        time.sleep(window_s)
-        after = cpu_times(PROC_STAT.read_text())
-    except (OSError, ValueError):
+    before = read_cpu_times()
+    if before is None:
+        return None
+    time.sleep(window_s)
+    after = read_cpu_times()
+    if after is None:
         return None
     cores = os.cpu_count() or 1
     return math.floor(idle_cores(before, after, cores) + 1 - FREE_CORE_THRESHOLD)
