@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -44,6 +44,11 @@ def state(ctx: typer.Context) -> CliState:
 def fail(message: str, code: int = 2) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+CacheDirOption = Annotated[
+    Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
+]
 
 
 @contextmanager
@@ -83,6 +88,12 @@ def counted_progress() -> Progress:
         console=err_console,
         transient=True,
     )
+
+
+def cache_root(ctx: typer.Context, override: Path | None) -> Path:
+    """The model cache root: `--cache-dir` when given, else the settings' cache_dir."""
+    with user_errors():
+        return override or state(ctx).settings().cache_dir
 
 
 def print_json(payload: Any) -> None:

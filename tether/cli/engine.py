@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import phases, print_json, state, user_errors
+from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -56,9 +56,7 @@ def bench_command(
         int | None,
         typer.Option("--threads", help="Torch threads (default: the cores idle at the start)."),
     ] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
-    ] = None,
+    cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
     ] = None,
@@ -72,7 +70,7 @@ def bench_command(
 
         config = BenchConfig(
             model=model,
-            cache_dir=cache_dir or state(ctx).settings().cache_dir,
+            cache_dir=cache_root(ctx, cache_dir),
             requests=requests,
             min_output=min_output,
             max_output=max_output,

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import err_console, print_json, state, user_errors
+from tether.cli.common import CacheDirOption, cache_root, err_console, print_json, user_errors
 from tether.models.cache import list_cached, pull
 from tether.models.registry import KNOWN_MODELS
 
 app = typer.Typer(help="Models: pull registered models into the cache, list them.", no_args_is_help=True)
 console = Console()
-
-CacheDirOption = Annotated[
-    Path | None, typer.Option("--cache-dir", help="Cache root (default: settings' cache_dir).")
-]
-
-
-def _cache_dir(ctx: typer.Context, override: Path | None) -> Path:
-    with user_errors():
-        return override or state(ctx).settings().cache_dir
 
 
 @app.command("pull")
@@ -34,7 +24,7 @@ def pull_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Install and convert a registered model once; print the folder it lives in."""
-    root = _cache_dir(ctx, cache_dir)
+    root = cache_root(ctx, cache_dir)
     from tether.models.threads import configure_threads  # torch: loaded only to convert
 
     configure_threads()
@@ -52,7 +42,7 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array instead of a table.")] = False,
 ) -> None:
     """Models in the cache, with their source and size."""
-    cached = list_cached(_cache_dir(ctx, cache_dir))
+    cached = list_cached(cache_root(ctx, cache_dir))
     if as_json:
         rows: list[dict[str, Any]] = [
             {"name": m.name, "path": str(m.path), "size_bytes": m.size_bytes, **m.manifest} for m in cached

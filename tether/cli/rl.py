@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import phases, print_json, state, user_errors
+from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
 
 app = typer.Typer(help="RL tools: the training-step benchmark (training itself: tether train).")
 
@@ -60,9 +60,7 @@ def bench_command(
     trl: Annotated[
         bool, typer.Option("--trl/--no-trl", help="Also run TRL's GRPOTrainer (pip install trl).")
     ] = True,
-    cache_dir: Annotated[
-        Path | None, typer.Option("--cache-dir", help="Model cache root (default: settings' cache_dir).")
-    ] = None,
+    cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="JSON result file (default: runs/rl-bench-<time>.json)."),
@@ -77,7 +75,7 @@ def bench_command(
 
         config = BenchConfig(
             model=model,
-            cache_dir=cache_dir or state(ctx).settings().cache_dir,
+            cache_dir=cache_root(ctx, cache_dir),
             prompts=prompts,
             samples=samples,
             max_new_tokens=max_new_tokens,

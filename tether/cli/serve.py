@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tether.cli.common import err_console, state, user_errors
+from tether.cli.common import CacheDirOption, cache_root, err_console, user_errors
 from tether.models.cache import pull
 from tether.models.registry import KNOWN_MODELS
 
@@ -28,9 +28,7 @@ def serve_command(
     max_pending_requests: Annotated[
         int, typer.Option(help="Unfinished requests accepted before new ones get HTTP 503.", min=1)
     ] = 1024,
-    cache_dir: Annotated[
-        Path | None, typer.Option("--cache-dir", help="Cache root (default: settings' cache_dir).")
-    ] = None,
+    cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
     from tether.engine.server import serve
@@ -39,7 +37,7 @@ def serve_command(
         folder = Path(model)
         name = folder.name
         if not folder.is_dir():
-            root = cache_dir or state(ctx).settings().cache_dir
+            root = cache_root(ctx, cache_dir)
             with err_console.status(f"pulling {model}") as status:
                 folder = pull(model, root, progress=lambda message: status.update(f"{model}: {message}"))
             name = model
