@@ -49,9 +49,8 @@ def bench_command(
     ] = 256,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the output lengths.")] = 0,
     lanes: Annotated[
-        int | None,
-        typer.Option("--lanes", help="Data-parallel lanes of the engines (default: 1; see ModelRunner)."),
-    ] = None,
+        int, typer.Option("--lanes", help="Data-parallel lanes of the engines (see ModelRunner).")
+    ] = 1,
     threads: Annotated[
         int | None,
         typer.Option("--threads", help="Torch threads (default: the cores idle at the start)."),

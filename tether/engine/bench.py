@@ -140,8 +140,8 @@ class BenchConfig:
     """Draft tokens per step (k) of the n-gram speculation measurement."""
     spec_max_output: int = 256
     """Output cap of each copy task (they usually end at EOS sooner)."""
-    lanes: int | None = None
-    """Data-parallel lanes of the engines (see `ModelRunner`); None: one, its ops split over the threads."""
+    lanes: int = 1
+    """Data-parallel lanes of the engines (see `ModelRunner`); 1: each op split over the threads."""
     threads: int | None = None
     """Torch threads of every measurement; None: the cores idle at the start (`configure_threads`)."""
     seed: int = 0
@@ -160,7 +160,7 @@ class BenchConfig:
             "threads",
         ):
             value = getattr(self, name)
-            if value is None and name in ("lanes", "threads"):  # optional: None picks the default
+            if value is None and name == "threads":  # optional: None sizes to the idle cores
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"bench: {name} = {value!r}: expected an integer of at least 1")
@@ -351,9 +351,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         seed=config.seed,
         speculative=SpeculativeConfig(mode=SpeculativeMode.NGRAM, num_speculative_tokens=config.spec_tokens),
     )
-    lanes = config.lanes or 1
     for each in (engine, int8_engine, spec_engine):
-        each.runner.set_lanes(lanes)
+        each.runner.set_lanes(config.lanes)
     hf = load_reference(folder)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     workload = make_workload(tokenizer, config)
@@ -423,7 +422,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "hf_batch_size": config.hf_batch_size,
         "repeats": config.repeats,
         "threads": threads,
-        "lanes": lanes,
+        "lanes": config.lanes,
         "throughput_tok_s": throughput,
         "hf_throughput_tok_s": hf_throughput,
         "throughput_speedup": ratio(throughput, hf_throughput),
