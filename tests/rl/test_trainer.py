@@ -14,7 +14,7 @@ from tether.envs.base import ScoringContext
 from tether.models import load
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.learner import Learner
-from tether.rl.trainer import Trainer
+from tether.rl.trainer import Trainer, open_run
 
 from .fake_envs import fake_registry
 
@@ -44,13 +44,7 @@ def make_trainer(config: TrainConfig, resume: bool = False) -> Trainer:
         temperature=config.rollout.temperature,
         max_new_tokens=config.rollout.max_new_tokens,
     )
-    trainer = Trainer(config, engine, tokenizer, learner, fake_registry(), ScoringContext())
-    try:
-        trainer.start_run_dir(resume)
-    except BaseException:
-        trainer.close()
-        raise
-    return trainer
+    return open_run(Trainer(config, engine, tokenizer, learner, fake_registry(), ScoringContext()), resume)
 
 
 def test_three_sync_steps_learn_push_and_record_per_domain(

@@ -38,6 +38,7 @@ from tether.rl.trainer import (
     learner_options,
     make_engine,
     make_learner,
+    open_run,
     sampling_params,
 )
 from tether.scheduler.ray_backend import PlacementGroupPlan
@@ -408,9 +409,4 @@ def build_ray_trainer(
     except BaseException:
         cluster.close()
         raise
-    try:
-        trainer.start_run_dir(resume)
-    except BaseException:
-        trainer.close()
-        raise
-    return trainer
+    return open_run(trainer, resume)

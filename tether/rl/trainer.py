@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -426,6 +426,19 @@ def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrained
     )
 
 
+TrainerT = TypeVar("TrainerT", bound=Trainer)
+
+
+def open_run(trainer: TrainerT, resume: bool) -> TrainerT:
+    """`trainer` with its run directory started (or its latest checkpoint loaded); closed if that fails."""
+    try:
+        trainer.start_run_dir(resume)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
+
+
 def learner_options(config: TrainConfig) -> dict[str, Any]:
     """The `Learner` arguments `config` alone fixes: shared by the learner and the Ray driver's copy of
     its state (which never computes, so it takes no reference model and no bf16)."""
@@ -472,10 +485,4 @@ def build_trainer(
     torch.manual_seed(config.run.seed)
     engine, tokenizer = make_engine(config, config.model.device)
     learner = make_learner(config, config.model.device)
-    trainer = Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox))
-    try:
-        trainer.start_run_dir(resume)
-    except BaseException:
-        trainer.close()
-        raise
-    return trainer
+    return open_run(Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox)), resume)
