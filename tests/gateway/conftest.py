@@ -7,7 +7,6 @@ import asyncio
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.live_server import live_server
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.server import create_app
@@ -36,27 +36,6 @@ def skip_without_services() -> None:
 
 def unique_prefix() -> str:
     return f"gw{uuid.uuid4().hex[:10]}_"
-
-
-@contextmanager
-def live_server(app: Any) -> Iterator[str]:
-    """`app` behind a real uvicorn on a free local port, in a background thread with its own loop."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @contextmanager

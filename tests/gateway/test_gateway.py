@@ -14,10 +14,11 @@ import httpx
 import openai
 import pytest
 
+from tests.live_server import live_server
 from tether.gateway import Limits, Tier, create_gateway_app
 from tether.gateway.pricing import Usage
 
-from .conftest import TINY, live_gateway, live_server, make_config
+from .conftest import TINY, live_gateway, make_config
 from .helpers import Served, expected_cost, serve
 
 # long enough to span several 16-token KV blocks, so a repeat hits the prefix cache

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.live_server import live_server
 from tether.gateway import GatewayConfig, Limits, Tier, build_gateway
 from tether.gateway.bench import MODEL, instant_upstream
 from tether.gateway.ledger import RecentUsage
 from tether.gateway.limits import LimitCore, entries_from_ledger
 
-from .conftest import live_server, make_config
+from .conftest import make_config
 from .helpers import serve
 
 PERIOD_S = 3600.0

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import torch
 
+from tests.live_server import live_server
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import WeightUpdateError
 from tether.engine.sampling import SamplingParams
@@ -33,7 +34,7 @@ from tether.rl.backends import (
     VLLMBackend,
 )
 
-from .fake_vllm import FakeState, create_fake_vllm, logprob_of, serve, token_of
+from .fake_vllm import FakeState, create_fake_vllm, logprob_of, token_of
 
 PROMPT = [5, 9, 13, 2, 7]
 PARAMS = SamplingParams(max_tokens=6, temperature=1.0, n=2, seed=3)
@@ -43,7 +44,7 @@ WEIGHTS = {"model.norm.weight": torch.ones(8), "lm_head.weight": torch.zeros(4, 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[tuple[FakeState, str]]:
     state = FakeState()
-    with serve(create_fake_vllm(state)) as url:
+    with live_server(create_fake_vllm(state)) as url:
         yield state, url
 
 
