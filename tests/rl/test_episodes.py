@@ -39,7 +39,7 @@ from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
 from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble
 from tether.rl.learner import Learner
 from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
-from tether.rl.trainer import EngineRollouts, Trainer, to_samples
+from tether.rl.trainer import EngineRollouts, Trainer, learner_options, to_samples
 
 from .fake_envs import letters_env
 
@@ -271,14 +271,7 @@ def test_two_training_steps_on_a_multi_turn_mixture(
     torch.manual_seed(config.run.seed)
     engine, tokenizer = LLMEngine.from_pretrained(config.model.name, kv_cache_mib=config.model.kv_cache_mib)
     model, _, _ = load(config.model.name)
-    learner = Learner(
-        model,
-        config.optim,
-        config.algorithm.loss(),
-        total_steps=config.run.steps,
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.rollout.max_new_tokens,
-    )
+    learner = Learner(model, **learner_options(config))
     reg = registry()
     ctx = ScoringContext()
     params = SamplingParams(max_tokens=8, temperature=1.0, n=2)

@@ -14,7 +14,7 @@ from tether.envs.base import ScoringContext
 from tether.models import load
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.learner import Learner
-from tether.rl.trainer import Trainer, open_run
+from tether.rl.trainer import Trainer, learner_options, open_run
 
 from .fake_envs import fake_registry
 
@@ -36,14 +36,7 @@ def make_trainer(config: TrainConfig, resume: bool = False) -> Trainer:
     torch.manual_seed(config.run.seed)
     engine, tokenizer = LLMEngine.from_pretrained(config.model.name, kv_cache_mib=config.model.kv_cache_mib)
     model, _, _ = load(config.model.name)
-    learner = Learner(
-        model,
-        config.optim,
-        config.algorithm.loss(),
-        total_steps=config.run.steps,
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.rollout.max_new_tokens,
-    )
+    learner = Learner(model, **learner_options(config))
     return open_run(Trainer(config, engine, tokenizer, learner, fake_registry(), ScoringContext()), resume)
 
 
