@@ -20,6 +20,7 @@ from tether.store import (
     UnknownTask,
     idempotency_key,
 )
+from tether.store.journal import journal_exists
 
 
 @pytest.fixture(params=BACKENDS)
@@ -169,3 +170,24 @@ def test_bad_store_urls_are_rejected(url: str, message: str) -> None:
 def test_bad_table_prefixes_are_rejected(prefix: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="table prefix"):
         Journal(f"sqlite:///{tmp_path / 'j.db'}", table_prefix=prefix)
+
+
+def test_a_worker_that_gives_its_lease_up_queues_the_task_for_any_worker(journal: Journal) -> None:
+    journal.create_task("t1", {})
+    epoch = journal.claim("t1", "w1", lease_s=30)
+    assert epoch is not None
+    journal.release("t1", epoch)
+    task = journal.get_task("t1")
+    assert task.status is TaskStatus.QUEUED and task.owner is None
+    assert journal.claim("t1", "w2", lease_s=30) == epoch + 1
+
+
+def test_an_sqlite_journal_creates_its_missing_directory(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh' / 'machine' / 'journal.db'}"
+    assert not journal_exists(url)
+    journal = Journal(url)
+    try:
+        journal.create_task("t1", {})
+    finally:
+        journal.close()
+    assert journal_exists(url) and (tmp_path / "fresh" / "machine" / "journal.db").is_file()

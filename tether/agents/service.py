@@ -43,8 +43,6 @@ class AgentsConfig:
 
 class AgentStack:
     def __init__(self, config: AgentsConfig) -> None:
-        if config.store_url.startswith("sqlite:///"):
-            Path(config.store_url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.journal = Journal(config.store_url, table_prefix=config.table_prefix)
         self.bus: TaskBus = open_bus(config.bus)

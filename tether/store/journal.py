@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -123,6 +124,17 @@ def make_engine(url: str) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a `sqlite:///PATH` URL; None for a server database."""
+    return Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
+
+
+def journal_exists(url: str) -> bool:
+    """False only for an SQLite journal whose file was never created (nothing was submitted there)."""
+    path = sqlite_path(url)
+    return path is None or path.is_file()
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
@@ -135,6 +147,9 @@ class Journal:
             raise ConfigError(f"table prefix {table_prefix!r}: use letters, digits and underscores only")
         self.url = url
         self.engine = make_engine(url)
+        path = sqlite_path(url)
+        if path is not None:  # SQLite creates the file, not the directories above it
+            path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self._meta, self.tasks, self.steps_table, self.tool_calls = _tables(table_prefix)
         self._meta.create_all(self.engine)
@@ -273,10 +288,13 @@ class Journal:
             self._fence(conn, task_id, epoch, lease_expires_at=self._clock() + lease_s)
 
     def release(self, task_id: str, epoch: int) -> None:
-        """Give the lease up early (a worker shutting down cleanly) so another can resume at once."""
+        """Give the lease up early (a hand-off, a worker stopping between steps) so another can resume at
+        once; the task is queued again, as no worker is running it."""
         try:
             with self._tx() as conn:
-                self._fence(conn, task_id, epoch, owner=None, lease_expires_at=0.0)
+                self._fence(
+                    conn, task_id, epoch, owner=None, lease_expires_at=0.0, status=TaskStatus.QUEUED.value
+                )
         except LeaseLost:
             pass
 
