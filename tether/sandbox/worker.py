@@ -117,6 +117,9 @@ class Worker:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
             cwd="/",
+            # Its own session: a terminal's Ctrl-C goes to the caller, which decides (an agent finishes
+            # its step first), instead of killing the sandbox under a running call.
+            start_new_session=True,
         )
         control_child.close()
         fds_child.close()
