@@ -67,7 +67,7 @@ async def test_a_task_delivered_too_often_is_failed_not_retried_forever(
         model = ScriptedModel(write_script(tmp_path / "s.jsonl", steps=1))
         runner = TaskRunner(stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(lease_s=5))
         worker = AgentWorker(stack.bus, runner, WorkerConfig(max_deliveries=3))
-        await worker._handle(replace(delivery, attempt=4))
+        await worker._handle(replace(delivery, attempt=4), asyncio.Event())
     task = stack.journal.get_task(task_id)
     assert task.status is TaskStatus.FAILED and "delivered 4 times without ending (max_deliveries=3)" in (
         task.error or ""

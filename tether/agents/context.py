@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from tether.agents.loops import LoopMark, loop_marks
 from tether.agents.task import RoleSpec, TaskSpec
 from tether.store.records import JsonDict, StepRecord
 
@@ -35,7 +36,10 @@ NO_ACTION_NUDGE = (
 )
 
 
-def step_messages(step: StepRecord, limit_chars: int, nudge: bool = False) -> list[JsonDict]:
+def step_messages(
+    step: StepRecord, limit_chars: int, nudge: bool = False, loop: LoopMark | None = None
+) -> list[JsonDict]:
+    """The step as the model sees it again: its reply, its tools' results, then any nudge after it."""
     messages: list[JsonDict] = [step.message]
     if nudge and not step.tool_calls:
         messages.append({"role": "user", "content": NO_ACTION_NUDGE})
@@ -52,6 +56,8 @@ def step_messages(step: StepRecord, limit_chars: int, nudge: bool = False) -> li
                 "content": render_observation(call.observation, limit_chars),
             }
         )
+    if loop is not None and not loop.stop:
+        messages.append({"role": "user", "content": loop.nudge_message()})
     return messages
 
 
@@ -103,8 +109,11 @@ def build_messages(
     folded = folded_count(len(steps), spec.context.recent_steps)
     if folded:
         messages.append({"role": "user", "content": digest(steps[:folded], spec.context.summary_chars)})
-    for step in steps[folded:]:
-        messages.extend(step_messages(step, spec.context.observation_chars, nudge=spec.require_finish))
+    marks = loop_marks(steps, spec.loop)
+    for step, mark in zip(steps[folded:], marks[folded:], strict=True):
+        messages.extend(
+            step_messages(step, spec.context.observation_chars, nudge=spec.require_finish, loop=mark)
+        )
     if recalled:
         # Last, after the stable part: it changes every step and would otherwise break the cached prefix.
         lines = "\n".join(f"- {text}" for text in recalled)

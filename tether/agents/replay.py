@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tether.agents.task import Limits
 from tether.agents.tools import ReplayPolicy, Tool
 from tether.store.records import JsonDict, StepRecord, StepStatus, ToolCallRecord
 
@@ -42,7 +43,6 @@ class ResumePlan:
     reapply: tuple[ToolCallRecord, ...]  # committed workdir calls made after that checkpoint
     pending: StepRecord | None  # journaled, not committed: finish it before calling the model again
     role: str  # the role that takes the next step
-    tokens_used: int
     ended: StepOutcome | None  # the last committed step already finished the task
 
 
@@ -106,6 +106,18 @@ def tokens_of(step: StepRecord) -> int:
     return int(step.usage.get("prompt_tokens", 0)) + int(step.usage.get("completion_tokens", 0))
 
 
+def spent_budget(limits: Limits, steps: list[StepRecord], elapsed_s: float) -> str | None:
+    """Which of the task's budgets its steps have used up (None: it may take another step)."""
+    tokens_used = sum(tokens_of(step) for step in steps)
+    if len(steps) >= limits.max_steps:
+        return f"step budget exhausted: {len(steps)} of max_steps={limits.max_steps}"
+    if tokens_used >= limits.max_tokens:
+        return f"token budget exhausted: {tokens_used} of max_tokens={limits.max_tokens}"
+    if elapsed_s >= limits.wall_clock_s:
+        return f"wall-clock budget exhausted: wall_clock_s={limits.wall_clock_s}"
+    return None
+
+
 def plan_resume(
     steps: list[StepRecord],
     tools: dict[str, Tool],
@@ -138,6 +150,5 @@ def plan_resume(
         reapply=reapply,
         pending=pending,
         role=pending.role if pending else role,
-        tokens_used=sum(tokens_of(step) for step in steps),
         ended=ended,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from tether.agents.context import build_messages, folded_count, recall_items, recall_query
+from tether.agents.loops import last_mark
 from tether.agents.memory import Embedder, ObservationMemory
 from tether.agents.model import ChatModel, ModelRequest
 from tether.agents.replay import (
@@ -28,8 +29,8 @@ from tether.agents.replay import (
     parse_arguments,
     plan_resume,
     resolve_call,
+    spent_budget,
     step_outcome,
-    tokens_of,
 )
 from tether.agents.task import TaskSpec
 from tether.agents.telemetry import Telemetry
@@ -90,11 +91,14 @@ class TaskRunner:
         self._embedder_lock = asyncio.Lock()
 
     async def run(
-        self, task_id: str, heartbeat: Callable[[], Awaitable[None]] | None = None
+        self,
+        task_id: str,
+        heartbeat: Callable[[], Awaitable[None]] | None = None,
+        stop: asyncio.Event | None = None,
     ) -> TaskStatus | None:
-        """Run the task to its end (or to a hand-off between roles: QUEUED, to be published again).
-
-        None if another worker holds the task or took it over meanwhile."""
+        """Run the task to its end, to a hand-off between roles, or (once `stop` is set) to the end of the
+        current step; the last two return QUEUED: the lease is given up and the task is to be published
+        again. None if another worker holds the task or took it over meanwhile."""
         epoch = self.journal.claim(task_id, self.owner, self.config.lease_s)
         if epoch is None:
             return None
@@ -102,7 +106,7 @@ class TaskRunner:
         assert driver is not None
         keeper = asyncio.create_task(self._keep_lease(task_id, epoch, driver, heartbeat))
         try:
-            return await self._drive(task_id, epoch)
+            return await self._drive(task_id, epoch, stop or asyncio.Event())
         except LeaseLost:
             return None
         except asyncio.CancelledError:
@@ -136,7 +140,7 @@ class TaskRunner:
                     self.telemetry.errors.labels(kind="heartbeat").inc()
                     self.telemetry.event("heartbeat_failed", task_id=task_id, error=repr(error))
 
-    async def _drive(self, task_id: str, epoch: int) -> TaskStatus:
+    async def _drive(self, task_id: str, epoch: int, stop: asyncio.Event) -> TaskStatus:
         task = self.journal.get_task(task_id)
         try:
             spec = TaskSpec.model_validate(task.spec)
@@ -150,7 +154,7 @@ class TaskRunner:
         async with await self.pool.open_session(spec.sandbox) as session:
             workspace = SandboxWorkspace(session)
             await self._restore(workspace, spec, plan.snapshot_key, plan.reapply)
-            role, tokens_used = plan.role, plan.tokens_used
+            role = plan.role
             if plan.pending is not None:
                 finished = await self._complete_step(workspace, spec, epoch, plan.pending, hands_off)
                 steps[-1] = finished[0]
@@ -161,13 +165,14 @@ class TaskRunner:
                 role = finished[1].next_role
             started_at = steps[0].started_at if steps else self._clock()
             while True:
-                verdict = self._check_limits(task_id, spec, len(steps), tokens_used, started_at)
+                verdict = self._check_limits(task_id, spec, steps, started_at)
                 if verdict is not None:
                     return self._finish(task_id, epoch, verdict[0], error=verdict[1])
+                if stop.is_set():
+                    return self._stop_between_steps(task_id, epoch, len(steps))
                 step = await self._model_step(task_id, epoch, spec, role, steps)
                 step, outcome = await self._complete_step(workspace, spec, epoch, step, hands_off)
                 steps.append(step)
-                tokens_used += tokens_of(step)
                 if outcome.outcome is Outcome.FINISHED:
                     return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=outcome.summary)
                 if outcome.outcome is Outcome.HANDOFF:
@@ -175,20 +180,18 @@ class TaskRunner:
                 role = outcome.next_role
 
     def _check_limits(
-        self, task_id: str, spec: TaskSpec, done_steps: int, tokens_used: int, started_at: float
+        self, task_id: str, spec: TaskSpec, steps: list[StepRecord], started_at: float
     ) -> tuple[TaskStatus, str] | None:
-        limits = spec.limits
         if self.journal.get_task(task_id).cancel_requested:
             return TaskStatus.CANCELLED, "cancelled on request"
-        if done_steps >= limits.max_steps:
-            return TaskStatus.FAILED, f"step budget exhausted: {done_steps} of max_steps={limits.max_steps}"
-        if tokens_used >= limits.max_tokens:
-            return (
-                TaskStatus.FAILED,
-                f"token budget exhausted: {tokens_used} of max_tokens={limits.max_tokens}",
-            )
-        if self._clock() - started_at >= limits.wall_clock_s:
-            return TaskStatus.FAILED, f"wall-clock budget exhausted: wall_clock_s={limits.wall_clock_s}"
+        spent = spent_budget(spec.limits, steps, self._clock() - started_at)
+        if spent is not None:
+            return TaskStatus.FAILED, spent
+        loop = last_mark(steps, spec.loop)
+        if loop is not None:
+            self.telemetry.event("loop", task_id=task_id, step_no=len(steps) - 1, verdict=loop.describe())
+            if loop.stop:
+                return TaskStatus.FAILED, loop.describe()
         return None
 
     def _finish(
@@ -227,6 +230,12 @@ class TaskRunner:
         """The step is committed; give the lease up so the next role's turn can go to any worker."""
         self.journal.release(task_id, epoch)
         self.telemetry.event("handoff", task_id=task_id, from_role=from_role, to_role=outcome.next_role)
+        return TaskStatus.QUEUED
+
+    def _stop_between_steps(self, task_id: str, epoch: int, done_steps: int) -> TaskStatus:
+        """Every step so far is committed: give the lease up so the task resumes from here."""
+        self.journal.release(task_id, epoch)
+        self.telemetry.event("stopped", task_id=task_id, steps=done_steps)
         return TaskStatus.QUEUED
 
     async def _restore(

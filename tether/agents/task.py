@@ -52,6 +52,19 @@ class ContextSpec(BaseModel):
     )
 
 
+class LoopSpec(BaseModel):
+    """When a model repeating itself is nudged, and when it is stopped (see `tether.agents.loops`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repeats_before_nudge: int = Field(
+        3, ge=2, le=1000, description="Identical steps in a row before the model is told it repeats itself."
+    )
+    nudges_before_stop: int = Field(
+        2, ge=0, le=1000, description="Nudges (one per further identical step) before the task fails."
+    )
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,6 +72,7 @@ class TaskSpec(BaseModel):
     roles: tuple[RoleSpec, ...] = (RoleSpec(name="agent"),)
     limits: Limits = Field(default_factory=Limits)
     context: ContextSpec = Field(default_factory=ContextSpec)
+    loop: LoopSpec = Field(default_factory=LoopSpec)
     sandbox: SandboxSpec = Field(default_factory=lambda: SandboxSpec(timeout_s=60))
     files: dict[str, str] = Field(default_factory=dict, description="Files placed in the workdir at start.")
     snapshot_every: int = Field(1, ge=1, le=1000, description="Steps between workdir checkpoints.")

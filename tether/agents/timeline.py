@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from tether.store.records import StepRecord, StepStatus, TaskRecord
+from tether.agents.loops import LoopMark, loop_marks
+from tether.agents.task import LoopSpec
+from tether.store.records import JsonDict, StepRecord, StepStatus, TaskRecord
 
 
 def _clock(ts: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
 
 
 def _short(text: str, limit: int) -> str:
@@ -17,7 +19,8 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def step_lines(step: StepRecord, width: int = 100) -> list[str]:
+def step_lines(step: StepRecord, width: int = 100, loop: LoopMark | None = None) -> list[str]:
+    """The step's line, one per tool call, and one for the loop nudge or stop that followed it."""
     tokens = int(step.usage.get("prompt_tokens", 0)) + int(step.usage.get("completion_tokens", 0))
     state = "" if step.status is StepStatus.COMMITTED else " (in progress)"
     said = _short(str(step.message.get("content") or ""), width)
@@ -35,7 +38,15 @@ def step_lines(step: StepRecord, width: int = 100) -> list[str]:
         else:
             result = _short(json.dumps(call.observation, ensure_ascii=False), width // 2)
         lines.append(f"    -> {call.tool} {arguments} => {result}")
+    if loop is not None and step.status is StepStatus.COMMITTED:
+        lines.append(f"    !! {loop.describe()}")
     return lines
+
+
+def timeline_lines(steps: list[StepRecord], spec: JsonDict, width: int = 100) -> list[list[str]]:
+    """`step_lines` of every step, with the loop marks that the task's spec gives them."""
+    marks = loop_marks(steps, LoopSpec.model_validate(spec.get("loop", {})))
+    return [step_lines(step, width, mark) for step, mark in zip(steps, marks, strict=True)]
 
 
 def task_line(task: TaskRecord) -> str:

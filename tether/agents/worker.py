@@ -47,7 +47,10 @@ class AgentWorker:
         self.finished = 0
 
     async def serve(self, stop: asyncio.Event, exit_when_idle: bool = False) -> None:
-        """Consume until `stop` is set (or, with `exit_when_idle`, until the queue has nothing for us)."""
+        """Consume until `stop` is set (or, with `exit_when_idle`, until the queue has nothing for us).
+
+        Once `stop` is set no task is taken; each running task stops at its next step boundary, queued
+        again with its journal intact. Cancelling `serve` stops them at once (mid-step, equally safe)."""
         try:
             while not stop.is_set():
                 free = self.config.max_in_flight - len(self.in_flight)
@@ -58,9 +61,11 @@ class AgentWorker:
                 if not deliveries and exit_when_idle and not self.in_flight:
                     return
                 for delivery in deliveries:
-                    job = asyncio.create_task(self._handle(delivery))
+                    job = asyncio.create_task(self._handle(delivery, stop))
                     self.in_flight.add(job)
                     job.add_done_callback(self.in_flight.discard)
+            if self.in_flight:
+                await asyncio.wait(self.in_flight)
         finally:
             for job in list(self.in_flight):
                 job.cancel()
@@ -68,9 +73,9 @@ class AgentWorker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
 
-    async def _handle(self, delivery: Delivery) -> None:
+    async def _handle(self, delivery: Delivery, stop: asyncio.Event) -> None:
         try:
-            await self._attempt(delivery)
+            await self._attempt(delivery, stop)
         except TetherError as error:
             # Left unacked on purpose: the bus redelivers after the visibility timeout and a worker resumes.
             self.runner.telemetry.errors.labels(kind="task_attempt").inc()
@@ -81,7 +86,7 @@ class AgentWorker:
             self.runner.telemetry.errors.labels(kind="task_attempt").inc()
             log.exception("task %s attempt failed unexpectedly, will be retried", delivery.task_id)
 
-    async def _attempt(self, delivery: Delivery) -> None:
+    async def _attempt(self, delivery: Delivery, stop: asyncio.Event) -> None:
         try:
             task = self.journal.get_task(delivery.task_id)
         except UnknownTask:
@@ -96,10 +101,12 @@ class AgentWorker:
         if delivery.attempt > self.config.max_deliveries:
             await self._give_up(delivery)
             return
-        status = await self.runner.run(delivery.task_id, heartbeat=lambda: self.bus.extend(delivery))
+        status = await self.runner.run(
+            delivery.task_id, heartbeat=lambda: self.bus.extend(delivery), stop=stop
+        )
         if status is TaskStatus.QUEUED:
-            # A hand-off between roles travels as a new message; publish before ack, so a crash in
-            # between can only duplicate the message (harmless: the journal decides), never lose it.
+            # A hand-off between roles (or a stop between steps) travels as a new message; publish before
+            # ack, so a crash in between can only duplicate the message (harmless: the journal decides).
             await self.bus.publish(delivery.task_id)
             await self.bus.ack(delivery)
         elif status is not None:
