@@ -47,11 +47,19 @@ class MiniLMEmbedder:
     def __init__(self, path: Path | None = None, max_tokens: int = 256) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
         folder = path or bundled_minilm_path()
         self._torch: Any = torch
         self._tokenizer: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        self._model: Any = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
+        # Loaded mid-task, while a timeline is being printed: its "Loading weights" bar would land in it.
+        bars = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            self._model: Any = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
+        finally:
+            if bars:
+                transformers_logging.enable_progress_bar()
         self.max_tokens = max_tokens
 
     def embed(self, texts: Sequence[str]) -> Vectors:
