@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.agents.scripts import write_script
+from tether.agents.model import ScriptedModel
 from tether.cli.main import app
 
 runner = CliRunner()
@@ -17,6 +19,11 @@ runner = CliRunner()
 def invoke(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, list(args))
     return result.exit_code, result.output
+
+
+def squashed(text: str) -> str:
+    """Without whitespace: error messages are wrapped at the terminal width, even inside long paths."""
+    return "".join(text.split())
 
 
 def test_agent_run_submits_follows_and_prints_the_timeline(tmp_path: Path) -> None:
@@ -157,3 +164,109 @@ def test_bad_task_files_are_explained(content: str, message: str, tmp_path: Path
     code, output = invoke("agent", "submit", "g", "--task-file", str(template), "--home", str(tmp_path))
     assert code == 2, output
     assert message in " ".join(output.split()), output
+
+
+def test_reading_a_journal_that_was_never_created_is_an_empty_store_that_says_where_it_looked(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "fresh-machine"
+    journal = f"sqlite:///{home / 'journal.db'}"
+    code, output = invoke("agent", "ls", "--home", str(home))
+    assert code == 0, output
+    assert " ".join(output.split()) == f"no tasks: looked in the journal {journal} does not exist yet " + (
+        "(no task was submitted with this --home/--store)"
+    )
+    code, output = invoke("agent", "ls", "--json", "--home", str(home))
+    assert code == 0 and json.loads(output) == []
+    for command in ("show", "logs", "cancel", "resume"):
+        code, output = invoke("agent", command, "t-nope", "--home", str(home))
+        assert code == 2, (command, output)
+        assert squashed(f"no task 't-nope': the journal {journal} does not exist yet") in squashed(output)
+    assert not home.exists()  # reading creates nothing where a mistyped --home points
+
+
+def test_an_empty_listing_of_an_existing_journal_names_it(tmp_path: Path) -> None:
+    invoke("agent", "submit", "g", "--home", str(tmp_path))
+    code, output = invoke("agent", "ls", "--status", "failed", "--home", str(tmp_path))
+    assert code == 0
+    assert (
+        " ".join(output.split())
+        == f"no failed tasks: looked in the journal at sqlite:///{tmp_path}/journal.db"
+    )
+
+
+def test_agent_show_prints_the_spec_the_steps_and_readable_times(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "s.jsonl", steps=2)
+    run = invoke("agent", "run", "append effects", "--model", f"scripted:{script}", "--home", str(tmp_path))
+    task_id = run[1].split()[1]
+    code, output = invoke("agent", "show", task_id, "--home", str(tmp_path))
+    assert code == 0, output
+    assert re.search(r"created_at\s*│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", output), output
+    assert not re.search(r"\d{10}\.\d", output)  # no raw epoch seconds
+    assert "spec:" in output and "max_steps: 50" in output and "repeats_before_nudge: 3" in output
+    assert "steps (3):" in output and "step   1 [agent]" in output and "-> finish" in output
+
+
+def test_agent_run_stops_a_model_that_repeats_itself_and_logs_show_the_nudges(tmp_path: Path) -> None:
+    script = tmp_path / "same.jsonl"
+    script.write_text((json.dumps({"content": "def reverse(s):\n    return s[::-1]"}) + "\n") * 50)
+    code, output = invoke(
+        "agent", "run", "write a reverse function", "--model", f"scripted:{script}", "--home", str(tmp_path)
+    )
+    assert code == 1, output
+    nudges = [line.strip() for line in output.splitlines() if line.strip().startswith("!!")]
+    assert nudges == [
+        "!! nudged (1 of 2): the same reply 3 times in a row",
+        "!! nudged (2 of 2): the same reply 4 times in a row",
+        "!! stopped: the model sent the same reply 5 times in a row and ignored 2 nudge(s) "
+        "(loop.nudges_before_stop=2)",
+    ]
+    assert "step   4 [agent]" in output and "step   5 [agent]" not in output
+    task_id = output.split()[1]
+    assert output.strip().splitlines()[-1].startswith(f"task {task_id} failed: stopped: the model sent")
+    code, logs = invoke("agent", "logs", task_id, "--home", str(tmp_path))
+    assert code == 0 and [line.strip() for line in logs.splitlines() if "!!" in line] == nudges
+    code, resumed = invoke("agent", "resume", task_id, "--home", str(tmp_path))
+    assert code == 2
+    assert squashed(f"task {task_id} cannot continue, stopped: the model sent the same reply 5 times") in (
+        squashed(resumed)
+    )
+
+
+def test_resume_says_when_the_budget_is_spent_and_when_a_worker_is_needed(tmp_path: Path) -> None:
+    home = str(tmp_path)
+    script = write_script(tmp_path / "s.jsonl", steps=5)
+    code, output = invoke(
+        "agent", "run", "g", "--max-steps", "2", "--model", f"scripted:{script}", "--home", home
+    )
+    assert code == 1 and "step budget exhausted" in output
+    spent = output.split()[1]
+    code, output = invoke("agent", "resume", spent, "--home", home)
+    assert code == 2
+    assert squashed(
+        f"task {spent} cannot continue, step budget exhausted: 2 of max_steps=2; nothing was queued"
+    ) in squashed(output)
+    assert json.loads(invoke("agent", "show", spent, "--json", "--home", home)[1])["status"] == "failed"
+    queued = invoke("agent", "submit", "g", "--home", home)[1].strip()
+    invoke("agent", "cancel", queued, "--home", home)
+    code, output = invoke("agent", "resume", queued, "--home", home)
+    assert code == 0 and output.splitlines()[0] == queued
+    assert "queued to continue from step 0; it runs when a worker takes it: start `tether worker`" in output
+
+
+def test_agent_run_loads_the_model_before_the_timeline_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = write_script(tmp_path / "s.jsonl", steps=1)
+
+    def loading_model(model: str | None, base_url: str | None, cache_dir: Path) -> ScriptedModel:
+        print("Loading weights: 100%|##########| 103/103")  # what an engine's loading prints
+        return ScriptedModel(script)
+
+    monkeypatch.setattr("tether.cli.agent.open_model", loading_model)
+    code, output = invoke("agent", "run", "g", "--model", "smollm2-135m-instruct", "--home", str(tmp_path))
+    assert code == 0, output
+    lines = output.splitlines()
+    assert lines[0] == "loading model smollm2-135m-instruct ..."
+    assert lines[1].startswith("Loading weights") and lines[2].startswith("task t-")
+    assert not any("Loading" in line for line in lines[2:])

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
@@ -18,7 +19,7 @@ import typer
 from prometheus_client import start_http_server
 
 from tether.agents.memory import MiniLMEmbedder, minilm_installed
-from tether.agents.model import open_model
+from tether.agents.model import ChatModel, open_model
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.telemetry import Telemetry
@@ -84,18 +85,35 @@ class Locations:
         )
 
 
+def stop_on_interrupt(stop: asyncio.Event, on_first: Callable[[], None]) -> None:
+    """The first SIGINT/SIGTERM sets `stop` (tasks stop at their next step boundary, resumable); a second
+    cancels the running task (the caller's main coroutine) at once. Call from inside that coroutine."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+
+    def interrupted() -> None:
+        if stop.is_set():
+            main.cancel()
+        else:
+            stop.set()
+            on_first()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, interrupted)
+
+
 async def run_worker(
     cli: CliState,
     config: AgentsConfig,
-    model_name: str | None,
-    base_url: str | None,
+    model: ChatModel,
     worker_config: WorkerConfig,
     stop: asyncio.Event,
     exit_when_idle: bool = False,
     metrics_port: int | None = None,
 ) -> int:
+    """Serve the queue with `model` (the caller opened it and closes it) until `stop` or idle."""
     settings = cli.settings()
-    model = open_model(model_name, base_url, settings.cache_dir)
     telemetry = Telemetry()
     server = None
     if metrics_port is not None:
@@ -123,7 +141,6 @@ async def run_worker(
         finally:
             await stack.close()
     finally:
-        await model.close()
         if server is not None:
             server.shutdown()
 
@@ -148,7 +165,8 @@ def worker_command(
         int | None, typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus /metrics here.")
     ] = None,
 ) -> None:
-    """Run agent tasks from the queue until stopped (SIGINT/SIGTERM end cleanly; SIGKILL is safe too)."""
+    """Run agent tasks from the queue until stopped (SIGINT/SIGTERM: after the current steps, twice: at
+    once; SIGKILL is safe too)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cli = state(ctx)
     with user_errors():
@@ -156,23 +174,35 @@ def worker_command(
             cli, visibility_timeout_s, lease_s
         )
 
+        chat_model = open_model(model, base_url, cli.settings().cache_dir)
+
         async def main() -> int:
             stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, stop.set)
-            return await run_worker(
-                cli,
-                config,
-                model,
-                base_url,
-                WorkerConfig(max_in_flight=max_in_flight),
+            stop_on_interrupt(
                 stop,
-                exit_when_idle,
-                metrics_port,
+                lambda: err_console.print(
+                    "stopping: running tasks stop after their current step (again to stop at once)",
+                    highlight=False,
+                ),
             )
+            try:
+                return await run_worker(
+                    cli,
+                    config,
+                    chat_model,
+                    WorkerConfig(max_in_flight=max_in_flight),
+                    stop,
+                    exit_when_idle,
+                    metrics_port,
+                )
+            finally:
+                await chat_model.close()
 
-        finished = asyncio.run(main())
+        try:
+            finished = asyncio.run(main())
+        except asyncio.CancelledError:
+            err_console.print("worker stopped at once; its tasks resume from their journals", highlight=False)
+            raise typer.Exit(130) from None
     err_console.print(f"worker stopped after finishing {finished} task(s)", highlight=False)
 
 
