@@ -86,3 +86,25 @@ async def test_a_long_task_is_shown_recalled_observations_after_the_recent_windo
     assert late.messages[:2] == early.messages[:2]  # the stable header
     recalled = late.messages[-1]["content"]
     assert recalled.startswith("Possibly relevant earlier observations:") and recalled.count("\n- ") == 2
+
+
+def test_loading_the_encoder_draws_no_progress_bar_into_the_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import transformers
+    from transformers.utils import logging as transformers_logging
+
+    class Loaded:
+        def eval(self) -> Loaded:
+            return self
+
+    def load_with_a_bar(*args: object, **kwargs: object) -> Loaded:
+        for _ in transformers_logging.tqdm(range(3), desc="Loading weights"):
+            pass
+        return Loaded()
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", load_with_a_bar)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: object())
+    MiniLMEmbedder(tmp_path)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()  # the process's setting is left as it was
