@@ -170,7 +170,7 @@ def test_reading_a_journal_that_was_never_created_is_an_empty_store_that_says_wh
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "fresh-machine"
-    journal = f"sqlite:///{home / 'journal.db'}"
+    journal = home / "journal.db"
     code, output = invoke("agent", "ls", "--home", str(home))
     assert code == 0, output
     assert " ".join(output.split()) == f"no tasks: looked in the journal {journal} does not exist yet " + (

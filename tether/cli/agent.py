@@ -39,7 +39,7 @@ from tether.cli.worker import (
     stop_on_interrupt,
 )
 from tether.errors import ConfigError
-from tether.store.journal import Journal, UnknownTask, journal_exists
+from tether.store.journal import Journal, UnknownTask, journal_exists, sqlite_path
 from tether.store.records import StepRecord, TaskRecord, TaskStatus
 
 app = typer.Typer(help="Durable long-horizon agents: tasks, steps, resume.", no_args_is_help=True)
@@ -284,8 +284,10 @@ def _readable_journal(config: AgentsConfig) -> Journal | None:
 
 
 def _missing_journal(config: AgentsConfig) -> str:
+    """Only an SQLite journal can be missing: it names the file."""
     return (
-        f"the journal {config.store_url} does not exist yet (no task was submitted with this --home/--store)"
+        f"the journal {sqlite_path(config.store_url)} does not exist yet "
+        "(no task was submitted with this --home/--store)"
     )
 
 
