@@ -118,7 +118,7 @@ def task_id_in(output: str) -> str:
 def test_ctrl_c_stops_agent_run_after_the_current_step_and_resume_continues_from_the_journal(
     tmp_path: Path, commands: list[Command]
 ) -> None:
-    steps = 12
+    steps = 10
     script = slow_script(tmp_path / "slow.jsonl", [0.3] * steps)
     home = tmp_path / "home"
     run = Command("agent", "run", "append effects", "--model", f"scripted:{script}", "--home", str(home))
