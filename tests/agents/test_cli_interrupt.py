@@ -193,3 +193,27 @@ def test_a_second_ctrl_c_stops_agent_run_at_once_and_leaves_the_task_resumable(
     )
     assert queued.returncode == 0 and queued.stdout.strip() == task_id, queued.stderr
     assert "it runs when a worker takes it" in queued.stderr
+
+
+def test_ctrl_c_stops_a_worker_after_its_tasks_current_step(tmp_path: Path, commands: list[Command]) -> None:
+    script = slow_script(tmp_path / "slow.jsonl", [0.3] * 10)
+    home = tmp_path / "home"
+    submitted = subprocess.run(
+        [*TETHER, "agent", "submit", "g", "--home", str(home)], capture_output=True, text=True, timeout=60
+    )
+    task_id = submitted.stdout.strip()
+    worker = Command("worker", "--model", f"scripted:{script}", "--home", str(home))
+    commands.append(worker)
+    worker.wait_for_line('"event": "step"')  # a step was committed; the next one is running
+    worker.ctrl_c()
+    code, _, errors = worker.finish(timeout_s=30)
+    assert code == 0, errors
+    assert "stopping: running tasks stop after their current step (again to stop at once)" in errors
+    assert "worker stopped after finishing 0 task(s)" in errors
+    journal = journal_of(home)
+    try:
+        assert journal.get_task(task_id).status is TaskStatus.QUEUED
+        steps = journal.steps(task_id)
+    finally:
+        journal.close()
+    assert 1 <= len(steps) < 10 and all(step.status is StepStatus.COMMITTED for step in steps)
