@@ -9,18 +9,15 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.agents.bench import bench_step_persist
 from tether.agents.roles import select_roles
-from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import TaskSpec, build_task_spec, load_task_file
 from tether.agents.timeline import step_lines, task_line
-from tether.agents.worker import WorkerConfig
 from tether.cli.common import CliState, print_json, state, user_errors
 from tether.cli.worker import (
     ArtifactsOption,
@@ -35,8 +32,11 @@ from tether.cli.worker import (
     run_worker,
 )
 from tether.errors import ConfigError
-from tether.store.journal import Journal
 from tether.store.records import TaskRecord, TaskStatus
+
+if TYPE_CHECKING:
+    from tether.agents.service import AgentsConfig
+    from tether.store.journal import Journal
 
 app = typer.Typer(help="Durable long-horizon agents: tasks, steps, resume.", no_args_is_help=True)
 console = Console(soft_wrap=True)  # timeline lines stay one line each, even when piped
@@ -106,6 +106,8 @@ def _summary(task: TaskRecord, steps: int) -> dict[str, object]:
 
 
 async def _submit(config: AgentsConfig, spec: TaskSpec) -> str:
+    from tether.agents.service import AgentStack
+
     stack = AgentStack(config)
     try:
         return await stack.submit(spec)
@@ -165,6 +167,9 @@ def run_command(
 async def _run_and_follow(
     cli: CliState, config: AgentsConfig, spec: TaskSpec, model: str | None, base_url: str | None
 ) -> TaskRecord:
+    from tether.agents.worker import WorkerConfig
+    from tether.store.journal import Journal
+
     task_id = await _submit(config, spec)
     console.print(
         f"task {task_id} submitted; resume it with `tether agent resume {task_id}`", highlight=False
@@ -211,6 +216,8 @@ def submit_command(
 
 
 def _journal(ctx: typer.Context, home: Path | None, store: str | None, table_prefix: str) -> Journal:
+    from tether.store.journal import Journal
+
     config = _config(ctx, Locations(home, store, None, "tether-tasks", None, table_prefix))
     return Journal(config.store_url, table_prefix=config.table_prefix)
 
@@ -299,6 +306,8 @@ def logs_command(
 
 
 async def _resume(config: AgentsConfig, task_id: str) -> None:
+    from tether.agents.service import AgentStack
+
     stack = AgentStack(config)
     try:
         await stack.resume(task_id)
@@ -318,6 +327,8 @@ def resume_command(
     artifacts: ArtifactsOption = None,
 ) -> None:
     """Queue a stopped task again; a worker continues it from its last committed step."""
+    from tether.store.journal import Journal
+
     with user_errors():
         config = _config(ctx, Locations(home, store, bus, bus_name, artifacts, table_prefix))
         journal = Journal(config.store_url, table_prefix=config.table_prefix)
@@ -354,6 +365,9 @@ def bench_command(
     as_json: JsonOption = False,
 ) -> None:
     """Checkpoint overhead: milliseconds to persist one step (append + commit), median and p95."""
+    from tether.agents.bench import bench_step_persist
+    from tether.store.journal import Journal
+
     with user_errors(), tempfile.TemporaryDirectory() as scratch:
         url = store or f"sqlite:///{Path(scratch) / 'bench.db'}"
         journal = Journal(url, table_prefix=f"bench{int(time.time())}_")

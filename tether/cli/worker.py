@@ -12,19 +12,15 @@ import signal
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from prometheus_client import start_http_server
 
-from tether.agents.memory import MiniLMEmbedder, minilm_installed
-from tether.agents.model import open_model
-from tether.agents.runner import RunnerConfig, TaskRunner
-from tether.agents.service import AgentsConfig, AgentStack
-from tether.agents.telemetry import Telemetry
-from tether.agents.worker import AgentWorker, WorkerConfig
 from tether.cli.common import CliState, err_console, pool_config, state, user_errors
-from tether.sandbox.pool import SandboxPool
+
+if TYPE_CHECKING:
+    from tether.agents.service import AgentsConfig
+    from tether.agents.worker import WorkerConfig
 
 HomeOption = Annotated[
     Path | None, typer.Option("--home", help="Embedded state directory (default: <cache_dir>/agents).")
@@ -70,6 +66,8 @@ class Locations:
     def config(
         self, cli: CliState, visibility_timeout_s: float = 30.0, lease_s: float = 30.0
     ) -> AgentsConfig:
+        from tether.agents.service import AgentsConfig
+
         home = self.home or cli.settings().cache_dir / "agents"
         embedded = AgentsConfig.embedded(home)
         return replace(
@@ -94,6 +92,16 @@ async def run_worker(
     exit_when_idle: bool = False,
     metrics_port: int | None = None,
 ) -> int:
+    from prometheus_client import start_http_server
+
+    from tether.agents.memory import MiniLMEmbedder, minilm_installed
+    from tether.agents.model import open_model
+    from tether.agents.runner import RunnerConfig, TaskRunner
+    from tether.agents.service import AgentStack
+    from tether.agents.telemetry import Telemetry
+    from tether.agents.worker import AgentWorker
+    from tether.sandbox.pool import SandboxPool
+
     settings = cli.settings()
     model = open_model(model_name, base_url, settings.cache_dir)
     telemetry = Telemetry()
@@ -149,6 +157,8 @@ def worker_command(
     ] = None,
 ) -> None:
     """Run agent tasks from the queue until stopped (SIGINT/SIGTERM end cleanly; SIGKILL is safe too)."""
+    from tether.agents.worker import WorkerConfig
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cli = state(ctx)
     with user_errors():
