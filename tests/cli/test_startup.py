@@ -87,7 +87,9 @@ def _assert_fast(args: list[str], env: dict[str, str] | None = None) -> Run:
     wall_s = statistics.median(run.wall_s for run in runs)
     cpu_s = statistics.median(run.cpu_s for run in runs)
     assert cpu_s < BUDGET_S, f"CPU {cpu_s:.2f} s"
-    assert wall_s < BUDGET_S * max(1.0, load_per_core), f"wall {wall_s:.2f} s at load {load_per_core:.1f}/core"
+    assert wall_s < BUDGET_S * max(1.0, load_per_core), (
+        f"wall {wall_s:.2f} s at load {load_per_core:.1f}/core"
+    )
     return runs[0]
 
 

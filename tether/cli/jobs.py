@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import print_json, user_errors
+from tether.cli.common import err_console, print_json, user_errors
 from tether.scheduler.job import JobKind, JobState
 from tether.scheduler.policy import POLICIES
 
@@ -25,7 +25,7 @@ app = typer.Typer(
 console = Console()
 
 DbOption = Annotated[
-    Path | None, typer.Option("--db", help="Job store (SQLite); default $XDG_STATE_HOME/tether/jobs.sqlite.")
+    Path | None, typer.Option("--db", help="Job store (SQLite); default $TETHER_HOME/jobs.sqlite.")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
@@ -112,10 +112,9 @@ def list_command(
         backend = _backend(db)
         backend.schedule()
         records = backend.store.all((state,) if state else ())
-    if not records:
-        err_console.print(
-            f"no jobs{f' {state.value}' if state else ''} in {backend.store.path}", highlight=False
-        )
+    if not records:  # a store opened in the wrong place looks like this too: say which one it was
+        where = f"no jobs{f' {state.value}' if state else ''} in {backend.store.path}"
+        err_console.print(where, highlight=False, soft_wrap=True)
     if as_json:
         print_json({"policy": backend.policy.name, "jobs": [r.summary() for r in records]})
         return

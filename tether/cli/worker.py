@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tether.agents.worker import WorkerConfig
 
 HomeOption = Annotated[
-    Path | None, typer.Option("--home", help="Embedded state directory (default: <cache_dir>/agents).")
+    Path | None, typer.Option("--home", help="Embedded state directory (default: $TETHER_HOME/agents).")
 ]
 StoreOption = Annotated[
     str | None, typer.Option("--store", help="Journal: sqlite:///PATH or postgresql://USER@HOST/DB.")
@@ -68,7 +68,7 @@ class Locations:
     ) -> AgentsConfig:
         from tether.agents.service import AgentsConfig
 
-        home = self.home or cli.settings().cache_dir / "agents"
+        home = self.home or cli.settings().home / "agents"
         embedded = AgentsConfig.embedded(home)
         return replace(
             embedded,
