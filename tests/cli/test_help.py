@@ -11,6 +11,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from tether.cli.main import COMMANDS as COMMANDS_TABLE
 from tether.cli.main import app
 
 runner = CliRunner()
@@ -86,3 +87,10 @@ def test_list_and_ls_give_the_same_listing(tmp_path: Path) -> None:
     assert listed.exit_code == aliased.exit_code == 0
     assert '"name": "one"' in listed.stdout
     assert listed.stdout == aliased.stdout
+
+
+@pytest.mark.parametrize("name", list(COMMANDS_TABLE))
+def test_summary_in_the_root_help_is_the_command_own(name: str) -> None:
+    """`tether --help` shows a summary without importing the command; it must say what the command says."""
+    loaded = get_command(app).commands[name]  # type: ignore[attr-defined]
+    assert COMMANDS_TABLE[name].summary == loaded.get_short_help_str(limit=1000)
