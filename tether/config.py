@@ -72,7 +72,8 @@ class TetherSettings(BaseModel):
 
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Models, datasets, caches.")
     home: Path = Field(
-        default_factory=state_home,
+        # A lambda: pydantic passes the validated data to a factory that takes one argument.
+        default_factory=lambda: state_home(),
         description="State directory ($TETHER_HOME): agents' journal, job store, gateway ledger.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
