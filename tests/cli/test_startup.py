@@ -42,7 +42,7 @@ HEAVY = (
     "httpx",
 )
 BUDGET_S = 0.3
-RUNS = 5
+RUNS = 3
 
 
 @dataclass(frozen=True, slots=True)
