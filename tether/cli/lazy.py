@@ -25,7 +25,7 @@ LIST_NAME, LIST_ALIAS = "list", "ls"
 
 @dataclass(frozen=True, slots=True)
 class LazyCommand:
-    """`target` is `module:attribute`, a `typer.Typer` or a command function; `summary` is the one
+    """`target` names a `typer.Typer` or a command function as `module:attribute`; `summary` is the
     line `tether --help` shows for it (a test checks it against the command's own help)."""
 
     target: str
