@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.config import load_settings
+from tether.config import load_settings, state_home
 from tether.errors import ConfigError
 
 
@@ -74,3 +74,44 @@ def test_bad_toml_file_is_reported(tmp_path: Path) -> None:
 def test_missing_config_file_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "absent.toml", environ={})
+
+
+def test_unknown_environment_variable_is_ignored_with_a_warning() -> None:
+    warnings: list[str] = []
+    environ = {"TETHER_BAR_SECRET": "1", "TETHER_LOGLEVEL": "debug", "TETHER_SANDBOX__SLOTS": "3"}
+    settings = load_settings(environ=environ, warn=warnings.append)
+    assert settings.sandbox.slots == 3
+    assert warnings == [
+        "ignoring environment variable TETHER_BAR_SECRET: not a tether setting",
+        "ignoring environment variable TETHER_LOGLEVEL: not a tether setting; did you mean TETHER_LOG_LEVEL?",
+    ]
+
+
+def test_tooling_variables_are_neither_settings_nor_warned_about(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    environ = {"TETHER_NO_SERVICES": "1", "TETHER_GATEWAY_CONFIG": "gw.toml", "TETHER_HOME": str(tmp_path)}
+    load_settings(environ=environ, warn=warnings.append)
+    assert warnings == []
+
+
+def test_unknown_key_in_a_file_is_an_error_naming_the_nearest_key(tmp_path: Path) -> None:
+    config = tmp_path / "tether.toml"
+    config.write_text("[sandbox]\nslot = 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert f"unknown setting 'sandbox.slot' (from config file {config})" in str(caught.value)
+    assert str(caught.value).endswith("did you mean 'slots'?")
+
+
+def test_state_home_comes_from_tether_home_else_the_xdg_state_dir(tmp_path: Path) -> None:
+    assert state_home({"TETHER_HOME": str(tmp_path / "h"), "XDG_STATE_HOME": "/x"}) == tmp_path / "h"
+    assert state_home({"XDG_STATE_HOME": str(tmp_path)}) == tmp_path / "tether"
+    assert state_home({}) == Path.home() / ".local" / "state" / "tether"
+    assert load_settings(environ={"TETHER_HOME": str(tmp_path)}).home == tmp_path
+
+
+def test_home_in_a_file_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    config = tmp_path / "tether.toml"
+    config.write_text("home = '/somewhere'\n")
+    with pytest.raises(ConfigError, match="TETHER_HOME environment variable only"):
+        load_settings(config, environ={})

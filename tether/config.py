@@ -2,15 +2,23 @@
 
 Each layer is a nested mapping; they are merged key by key and validated once, so an error names the
 key, the bad value, which layer it came from and what is accepted. Environment keys nest with a double
-underscore: `TETHER_SANDBOX__SPEC__TIMEOUT_S=5` sets `sandbox.spec.timeout_s`.
+underscore: `TETHER_SANDBOX__SPEC__TIMEOUT_S=5` sets `sandbox.spec.timeout_s`. A `TETHER_*` variable
+that names no setting at all is ignored with a warning (other tools share the prefix); an unknown key
+in a file, or under a known section, is an error.
+
+The state directory (`state_home`, `$TETHER_HOME`) holds everything tether persists: the agents'
+journal, the job store, the gateway's ledger. It comes from the environment only, so that every
+subsystem, including those that never load these settings, finds the same one.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,9 +28,21 @@ from tether.errors import ConfigError
 from tether.sandbox.spec import SandboxSpec
 
 ENV_PREFIX = "TETHER_"
+HOME_ENV = "TETHER_HOME"
 # Variables that steer tooling rather than configure tether; they never reach the settings model.
-NON_SETTING_ENV = frozenset({"TETHER_CONFIG", "TETHER_NO_SERVICES"})
+NON_SETTING_ENV = frozenset({"TETHER_CONFIG", "TETHER_NO_SERVICES", "TETHER_GATEWAY_CONFIG", HOME_ENV})
 DEFAULT_CONFIG_FILE = Path("tether.toml")
+Warn = Callable[[str], None]
+_log = logging.getLogger(__name__)
+
+
+def state_home(environ: Mapping[str, str] | None = None) -> Path:
+    """`$TETHER_HOME`, else `$XDG_STATE_HOME/tether`, else `~/.local/state/tether` (absolute)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(HOME_ENV):
+        return Path(environ[HOME_ENV]).expanduser().absolute()
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base).expanduser().absolute() / "tether"
 
 
 def _default_cache_dir() -> Path:
@@ -51,6 +71,11 @@ class TetherSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Models, datasets, caches.")
+    home: Path = Field(
+        # A lambda: pydantic passes the validated data to a factory that takes one argument.
+        default_factory=lambda: state_home(),
+        description="State directory ($TETHER_HOME): agents' journal, job store, gateway ledger.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
 
@@ -80,15 +105,32 @@ def file_layer(path: Path) -> Layer:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+    if "home" in data:
+        raise ConfigError(
+            f"config file {str(path)!r}: 'home' is set by the {HOME_ENV} environment variable only "
+            "(the gateway and the job store read it there too)"
+        )
     return f"config file {path}", data
 
 
-def env_layer(environ: Mapping[str, str]) -> Layer:
+def _nearest(name: str, known: list[str], spell: Callable[[str], str] = repr) -> str:
+    matches = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {spell(matches[0])}?" if matches else ""
+
+
+def env_layer(environ: Mapping[str, str], warn: Warn = _log.warning) -> Layer:
+    """`TETHER_*` variables as a layer; one that names no top-level setting is reported to `warn`
+    and skipped, since other programs may use the prefix for their own variables."""
     data: dict[str, Any] = {}
+    sections = [name for name in TetherSettings.model_fields if name != "home"]
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name in NON_SETTING_ENV:
             continue
         keys = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if keys[0] not in sections:
+            hint = _nearest(keys[0], sections, lambda section: f"{ENV_PREFIX}{section.upper()}")
+            warn(f"ignoring environment variable {name}: not a tether setting{hint}")
+            continue
         if any(not key for key in keys):
             raise ConfigError(f"environment variable {name}: empty key segment; nest with '__' between names")
         value: Any = raw
@@ -145,8 +187,11 @@ def build_settings(layers: list[Layer]) -> TetherSettings:
             key = ".".join(str(part) for part in problem["loc"])
             origin = origins.get(key, "defaults")
             if problem["type"] == "extra_forbidden":
-                known = ", ".join(_known_keys(TetherSettings, problem["loc"]))
-                lines.append(f"unknown setting {key!r} (from {origin}); known keys here: {known}")
+                known = _known_keys(TetherSettings, problem["loc"])
+                hint = _nearest(str(problem["loc"][-1]), known)
+                lines.append(
+                    f"unknown setting {key!r} (from {origin}); known keys here: {', '.join(known)}{hint}"
+                )
             else:
                 lines.append(f"setting {key} = {problem['input']!r} (from {origin}): {problem['msg']}")
         raise ConfigError("\n".join(lines)) from None
@@ -156,8 +201,10 @@ def load_settings(
     config_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    warn: Warn = _log.warning,
 ) -> TetherSettings:
-    """Settings from every layer. `config_file` falls back to $TETHER_CONFIG, then ./tether.toml."""
+    """Settings from every layer. `config_file` falls back to $TETHER_CONFIG, then ./tether.toml;
+    `warn` receives what is ignored (a `TETHER_*` variable that is no setting)."""
     environ = os.environ if environ is None else environ
     layers: list[Layer] = []
     path = config_file or (Path(environ["TETHER_CONFIG"]) if environ.get("TETHER_CONFIG") else None)
@@ -165,6 +212,7 @@ def load_settings(
         path = DEFAULT_CONFIG_FILE
     if path is not None:
         layers.append(file_layer(path))
-    layers.append(env_layer(environ))
+    layers.append(env_layer(environ, warn))
     layers.append(flags_layer(flags or {}))
-    return build_settings(layers)
+    home = {"home": state_home(environ)}
+    return build_settings([("environment", home), *layers])

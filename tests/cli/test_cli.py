@@ -125,3 +125,12 @@ def test_doctor_reports_every_primitive_available_here() -> None:
     assert result.exit_code == 0, result.output
     checks = {check["name"]: check["ok"] for check in json.loads(result.stdout)}
     assert checks["user namespace"] and checks["seccomp filter"] and checks["cgroups (memory, pids, cpu)"]
+
+
+def test_unknown_tether_variable_warns_once_and_the_command_runs() -> None:
+    result = runner.invoke(
+        app, ["config", "show"], env={"TETHER_BAR_SECRET": "1", "TETHER_LOG_LEVEL": "debug"}
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["log_level"] == "debug"
+    assert result.stderr.count("ignoring environment variable TETHER_BAR_SECRET: not a tether setting") == 1

@@ -1,21 +1,56 @@
 """Durable long-horizon agents: tasks driven step by step through a model and sandbox tools, every step
-journaled before it is acted on, resumable by any worker after any crash."""
+journaled before it is acted on, resumable by any worker after any crash.
 
-from tether.agents.model import (
-    ChatModel,
-    ModelReply,
-    ModelRequest,
-    OpenAIChatModel,
-    ScriptedModel,
-    open_model,
-)
-from tether.agents.roles import PRESET_ROLES, select_roles
-from tether.agents.runner import RunnerConfig, TaskRunner
-from tether.agents.service import AgentsConfig, AgentStack
-from tether.agents.task import ContextSpec, Limits, RoleSpec, TaskSpec
-from tether.agents.telemetry import Telemetry
-from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool
-from tether.agents.worker import AgentWorker, WorkerConfig
+The public names are loaded on first use, so that a command needing one light module (the task
+spec, the timeline) does not import the journal's SQL, the bus clients and telemetry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether.agents.model import (
+        ChatModel,
+        ModelReply,
+        ModelRequest,
+        OpenAIChatModel,
+        ScriptedModel,
+        open_model,
+    )
+    from tether.agents.roles import PRESET_ROLES, select_roles
+    from tether.agents.runner import RunnerConfig, TaskRunner
+    from tether.agents.service import AgentsConfig, AgentStack
+    from tether.agents.task import ContextSpec, Limits, RoleSpec, TaskSpec
+    from tether.agents.telemetry import Telemetry
+    from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool
+    from tether.agents.worker import AgentWorker, WorkerConfig
+
+_EXPORTS = {
+    "AgentStack": "tether.agents.service",
+    "AgentWorker": "tether.agents.worker",
+    "AgentsConfig": "tether.agents.service",
+    "BUILTIN_TOOLS": "tether.agents.tools",
+    "ChatModel": "tether.agents.model",
+    "ContextSpec": "tether.agents.task",
+    "Limits": "tether.agents.task",
+    "ModelReply": "tether.agents.model",
+    "ModelRequest": "tether.agents.model",
+    "OpenAIChatModel": "tether.agents.model",
+    "PRESET_ROLES": "tether.agents.roles",
+    "ReplayPolicy": "tether.agents.tools",
+    "RoleSpec": "tether.agents.task",
+    "RunnerConfig": "tether.agents.runner",
+    "ScriptedModel": "tether.agents.model",
+    "TaskRunner": "tether.agents.runner",
+    "TaskSpec": "tether.agents.task",
+    "Telemetry": "tether.agents.telemetry",
+    "Tool": "tether.agents.tools",
+    "WorkerConfig": "tether.agents.worker",
+    "open_model": "tether.agents.model",
+    "select_roles": "tether.agents.roles",
+}
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -41,3 +76,9 @@ __all__ = [
     "open_model",
     "select_roles",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tether.agents' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -8,22 +8,18 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tether.agents.bench import bench_step_persist
 from tether.agents.loops import last_mark
-from tether.agents.model import ChatModel, open_model
 from tether.agents.replay import spent_budget
 from tether.agents.roles import select_roles
-from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import TaskSpec, build_task_spec, load_task_file
 from tether.agents.timeline import task_line, timeline_lines
-from tether.agents.worker import WorkerConfig
 from tether.cli.common import CliState, err_console, print_json, state, user_errors
 from tether.cli.worker import (
     ArtifactsOption,
@@ -39,8 +35,12 @@ from tether.cli.worker import (
     stop_on_interrupt,
 )
 from tether.errors import ConfigError
-from tether.store.journal import Journal, UnknownTask, journal_exists, sqlite_path
 from tether.store.records import StepRecord, TaskRecord, TaskStatus
+
+if TYPE_CHECKING:
+    from tether.agents.model import ChatModel
+    from tether.agents.service import AgentsConfig
+    from tether.store.journal import Journal
 
 app = typer.Typer(help="Durable long-horizon agents: tasks, steps, resume.", no_args_is_help=True)
 console = Console(soft_wrap=True)  # timeline lines stay one line each, even when piped
@@ -110,6 +110,8 @@ def _summary(task: TaskRecord, steps: int) -> dict[str, object]:
 
 
 async def _submit(config: AgentsConfig, spec: TaskSpec) -> str:
+    from tether.agents.service import AgentStack
+
     stack = AgentStack(config)
     try:
         return await stack.submit(spec)
@@ -146,6 +148,8 @@ def _open_model(cli: CliState, model: str | None, base_url: str | None) -> ChatM
     """Loaded before the timeline starts, so whatever loading prints comes before it, not inside it."""
     if base_url is None and model is not None and not model.startswith("scripted:"):
         err_console.print(f"loading model {model} ...", highlight=False, soft_wrap=True)
+    from tether.agents.model import open_model
+
     return open_model(model, base_url, cli.settings().cache_dir)
 
 
@@ -164,6 +168,8 @@ def _work_and_follow(cli: CliState, config: AgentsConfig, task_id: str, model: C
 
     Ctrl-C stops the task after its current step (queued, resumable); a second Ctrl-C stops at once,
     mid-step (equally resumable: the journal holds the step's intent). Both exit 130."""
+    from tether.agents.worker import WorkerConfig
+    from tether.store.journal import Journal
 
     async def main() -> TaskRecord:
         stop = asyncio.Event()
@@ -278,6 +284,8 @@ def submit_command(
 def _readable_journal(config: AgentsConfig) -> Journal | None:
     """The journal to read, or None where none was ever created. Reading does not create one: a mistyped
     --home would otherwise leave an empty store behind and look like a machine without tasks."""
+    from tether.store.journal import Journal, journal_exists
+
     if not journal_exists(config.store_url):
         return None
     return Journal(config.store_url, table_prefix=config.table_prefix)
@@ -285,6 +293,8 @@ def _readable_journal(config: AgentsConfig) -> Journal | None:
 
 def _missing_journal(config: AgentsConfig) -> str:
     """Only an SQLite journal can be missing: it names the file."""
+    from tether.store.journal import sqlite_path
+
     return (
         f"the journal {sqlite_path(config.store_url)} does not exist yet "
         "(no task was submitted with this --home/--store)"
@@ -294,6 +304,8 @@ def _missing_journal(config: AgentsConfig) -> str:
 def _task_journal(config: AgentsConfig, task_id: str) -> Journal:
     """The journal to look `task_id` up in; without any journal, a clear error naming both (an id the
     journal lacks is the same error, from `Journal.get_task`)."""
+    from tether.store.journal import UnknownTask
+
     journal = _readable_journal(config)
     if journal is None:
         raise UnknownTask(f"no task {task_id!r}: {_missing_journal(config)}")
@@ -417,6 +429,8 @@ def logs_command(
 
 
 async def _resume(config: AgentsConfig, task_id: str) -> None:
+    from tether.agents.service import AgentStack
+
     stack = AgentStack(config)
     try:
         await stack.resume(task_id)
@@ -513,6 +527,9 @@ def bench_command(
     as_json: JsonOption = False,
 ) -> None:
     """Checkpoint overhead: milliseconds to persist one step (append + commit), median and p95."""
+    from tether.agents.bench import bench_step_persist
+    from tether.store.journal import Journal
+
     with user_errors(), tempfile.TemporaryDirectory() as scratch:
         url = store or f"sqlite:///{Path(scratch) / 'bench.db'}"
         journal = Journal(url, table_prefix=f"bench{int(time.time())}_")

@@ -1,4 +1,8 @@
-"""What every command shares: the loaded settings, error reporting and JSON output."""
+"""What every command shares: the loaded settings, error reporting and JSON output.
+
+Every command module imports this one, so it imports nothing beyond typer and rich at the top: the
+settings, the errors and the sandbox are imported by the functions that use them.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,18 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
-from tether.config import TetherSettings, load_settings
-from tether.errors import TetherError
-from tether.sandbox.pool import PoolConfig, SandboxUnavailable
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from tether.config import TetherSettings
+    from tether.sandbox.pool import PoolConfig
 
 err_console = Console(stderr=True)
 
@@ -31,9 +29,17 @@ err_console = Console(stderr=True)
 @dataclass(slots=True)
 class CliState:
     config_file: Path | None = None
+    warned: set[str] = field(default_factory=set)
 
     def settings(self, flags: dict[str, Any] | None = None) -> TetherSettings:
-        return load_settings(self.config_file, flags=flags)
+        from tether.config import load_settings
+
+        return load_settings(self.config_file, flags=flags, warn=self._warn)
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warned:  # settings are loaded more than once by some commands
+            self.warned.add(message)
+            err_console.print(f"[bold yellow]warning:[/] {message}", highlight=False, markup=True)
 
 
 def state(ctx: typer.Context) -> CliState:
@@ -54,6 +60,9 @@ CacheDirOption = Annotated[
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn errors a user can cause into one clear message and a non-zero exit."""
+    from tether.errors import TetherError
+    from tether.sandbox.pool import SandboxUnavailable
+
     try:
         yield
     except (TetherError, SandboxUnavailable, FileNotFoundError) as error:
@@ -64,6 +73,8 @@ def user_errors() -> Iterator[None]:
 def phases(echo: bool = False) -> Iterator[Callable[[str], None]]:
     """A stderr spinner naming the phase a long command is in, with the time since it started; yields
     the function that moves it to the next phase (`echo` also prints each phase as a line of history)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     progress = Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
     )
@@ -80,6 +91,8 @@ def phases(echo: bool = False) -> Iterator[Callable[[str], None]]:
 
 def counted_progress() -> Progress:
     """A transient stderr progress bar for a known number of items (runs, episodes)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -101,6 +114,8 @@ def print_json(payload: Any) -> None:
 
 
 def pool_config(settings: TetherSettings, slots: int | None = None, insecure: bool = False) -> PoolConfig:
+    from tether.sandbox.pool import PoolConfig
+
     sandbox = settings.sandbox
     return PoolConfig(
         slots=slots or sandbox.slots,

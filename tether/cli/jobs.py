@@ -5,17 +5,19 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import print_json, user_errors
+from tether.cli.common import err_console, print_json, user_errors
 from tether.scheduler.job import JobKind, JobState
-from tether.scheduler.local import LocalBackend
 from tether.scheduler.policy import POLICIES
-from tether.scheduler.store import JobRecord, JobRequest, default_store_path
+
+if TYPE_CHECKING:
+    from tether.scheduler.local import LocalBackend
+    from tether.scheduler.store import JobRecord
 
 app = typer.Typer(
     help="Jobs on this machine, scheduled by CPU, memory and accelerator demand.", no_args_is_help=True
@@ -23,12 +25,15 @@ app = typer.Typer(
 console = Console()
 
 DbOption = Annotated[
-    Path | None, typer.Option("--db", help="Job store (SQLite); default $XDG_STATE_HOME/tether/jobs.sqlite.")
+    Path | None, typer.Option("--db", help="Job store (SQLite); default $TETHER_HOME/jobs.sqlite.")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
 def _backend(db: Path | None, policy: str | None = None) -> LocalBackend:
+    from tether.scheduler.local import LocalBackend
+    from tether.scheduler.store import default_store_path
+
     return LocalBackend.open(db or default_store_path(), policy=policy)
 
 
@@ -60,7 +65,7 @@ def submit_command(
         float, typer.Option("--expected-duration-s", help="Estimate used by backfill.")
     ] = 3600.0,
     kind: Annotated[JobKind, typer.Option("--kind", help="What the job is.")] = JobKind.AGENT,
-    name: Annotated[str, typer.Option("--name", help="A label for `ls`.")] = "",
+    name: Annotated[str, typer.Option("--name", help="A label for `list`.")] = "",
     tenant: Annotated[str, typer.Option("--tenant", help="Who the job is for (fair share).")] = "default",
     policy: Annotated[
         str | None, typer.Option("--policy", help=f"Scheduling policy of this store: {', '.join(POLICIES)}.")
@@ -69,6 +74,8 @@ def submit_command(
     as_json: JsonOption = False,
 ) -> None:
     """Queue a command; it starts at once if the machine has room for its demand."""
+    from tether.scheduler.store import JobRequest
+
     with user_errors():
         backend = _backend(db, policy)
         record = backend.submit(
@@ -94,8 +101,8 @@ def submit_command(
         )
 
 
-@app.command("ls")
-def ls_command(
+@app.command("list")
+def list_command(
     state: Annotated[JobState | None, typer.Option("--state", help="Only jobs in this state.")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -105,6 +112,9 @@ def ls_command(
         backend = _backend(db)
         backend.schedule()
         records = backend.store.all((state,) if state else ())
+    if not records:  # a store opened in the wrong place looks like this too: say which one it was
+        where = f"no jobs{f' {state.value}' if state else ''} in {backend.store.path}"
+        err_console.print(where, highlight=False, soft_wrap=True)
     if as_json:
         print_json({"policy": backend.policy.name, "jobs": [r.summary() for r in records]})
         return
@@ -132,7 +142,7 @@ def ls_command(
 
 @app.command("show")
 def show_command(
-    job_id: Annotated[int, typer.Argument(help="Job id from `submit` or `ls`.")],
+    job_id: Annotated[int, typer.Argument(help="Job id from `submit` or `list`.")],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -146,7 +156,7 @@ def show_command(
 
 @app.command("cancel")
 def cancel_command(
-    job_id: Annotated[int, typer.Argument(help="Job id from `submit` or `ls`.")],
+    job_id: Annotated[int, typer.Argument(help="Job id from `submit` or `list`.")],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:

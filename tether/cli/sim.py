@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,9 +18,9 @@ from tether.scheduler.cluster import Topology, default_cluster_config, load_clus
 from tether.scheduler.job import JobSpec
 from tether.scheduler.placement import CROSS_ISLAND_SLOWDOWN, CROSS_RACK_SLOWDOWN, InterconnectModel
 from tether.scheduler.policy import POLICIES, parse_policies
-from tether.scheduler.report import comparison, write_plot
-from tether.scheduler.simulator import PolicyResult, SimConfig, simulate
-from tether.scheduler.trace import SyntheticTrace, load_trace, save_trace
+
+if TYPE_CHECKING:
+    from tether.scheduler.simulator import PolicyResult
 
 console = Console()
 
@@ -56,6 +56,8 @@ def results_table(results: dict[str, PolicyResult]) -> Table:
 def _jobs(
     trace: Path | None, synthetic: int | None, seed: int, load: float, topology: Topology
 ) -> list[JobSpec]:
+    from tether.scheduler.trace import SyntheticTrace, load_trace  # numpy: only for a simulation
+
     if (trace is None) == (synthetic is None):
         fail("give exactly one of --trace FILE or --synthetic N")
     if trace is not None:
@@ -103,6 +105,10 @@ def sim_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Simulate a job trace under each policy: JCT, queueing, utilization, fragmentation, slowdowns."""
+    from tether.scheduler.report import comparison, write_plot
+    from tether.scheduler.simulator import SimConfig, simulate
+    from tether.scheduler.trace import save_trace
+
     with user_errors():
         config = load_cluster(cluster_file) if cluster_file else default_cluster_config()
         topology = Topology.from_config(config)

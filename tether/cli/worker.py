@@ -13,22 +13,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from prometheus_client import start_http_server
 
-from tether.agents.memory import MiniLMEmbedder, minilm_installed
-from tether.agents.model import ChatModel, open_model
-from tether.agents.runner import RunnerConfig, TaskRunner
-from tether.agents.service import AgentsConfig, AgentStack
-from tether.agents.telemetry import Telemetry
-from tether.agents.worker import AgentWorker, WorkerConfig
 from tether.cli.common import CliState, err_console, pool_config, state, user_errors
-from tether.sandbox.pool import SandboxPool
+
+if TYPE_CHECKING:
+    from tether.agents.model import ChatModel
+    from tether.agents.service import AgentsConfig
+    from tether.agents.worker import WorkerConfig
 
 HomeOption = Annotated[
-    Path | None, typer.Option("--home", help="Embedded state directory (default: <cache_dir>/agents).")
+    Path | None, typer.Option("--home", help="Embedded state directory (default: $TETHER_HOME/agents).")
 ]
 StoreOption = Annotated[
     str | None, typer.Option("--store", help="Journal: sqlite:///PATH or postgresql://USER@HOST/DB.")
@@ -71,7 +68,9 @@ class Locations:
     def config(
         self, cli: CliState, visibility_timeout_s: float = 30.0, lease_s: float = 30.0
     ) -> AgentsConfig:
-        home = self.home or cli.settings().cache_dir / "agents"
+        from tether.agents.service import AgentsConfig
+
+        home = self.home or cli.settings().home / "agents"
         embedded = AgentsConfig.embedded(home)
         return replace(
             embedded,
@@ -113,6 +112,15 @@ async def run_worker(
     metrics_port: int | None = None,
 ) -> int:
     """Serve the queue with `model` (the caller opened it and closes it) until `stop` or idle."""
+    from prometheus_client import start_http_server
+
+    from tether.agents.memory import MiniLMEmbedder, minilm_installed
+    from tether.agents.runner import RunnerConfig, TaskRunner
+    from tether.agents.service import AgentStack
+    from tether.agents.telemetry import Telemetry
+    from tether.agents.worker import AgentWorker
+    from tether.sandbox.pool import SandboxPool
+
     settings = cli.settings()
     telemetry = Telemetry()
     server = None
@@ -167,6 +175,9 @@ def worker_command(
 ) -> None:
     """Run agent tasks from the queue until stopped (SIGINT/SIGTERM: after the current steps, twice: at
     once; SIGKILL is safe too)."""
+    from tether.agents.model import open_model
+    from tether.agents.worker import WorkerConfig
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cli = state(ctx)
     with user_errors():

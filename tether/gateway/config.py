@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tether.config import state_home
 from tether.errors import ConfigError, describe_validation_error
 
 
@@ -112,7 +113,8 @@ class GatewayConfig(_Strict):
     tenant_limits: dict[str, Limits] = Field(default_factory=dict)
     default_tenant_limits: Limits = Field(default_factory=Limits)
     estimate: ReservationEstimate = Field(default_factory=ReservationEstimate)
-    ledger_url: str = "sqlite:///.tether/gateway.db"
+    ledger_url: str = Field(default_factory=lambda: f"sqlite:///{state_home() / 'gateway.db'}")
+    """Default: `gateway.db` in the state directory ($TETHER_HOME), wherever the command runs."""
     table_prefix: str = "gw_"
     redis_url: str | None = None
     """Shared limits for several gateway instances; None keeps them in this process."""

@@ -7,13 +7,13 @@ never both hand out the same capacity. The store holds records only; it starts a
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.config import state_home
 from tether.errors import ConfigError
 from tether.scheduler.job import JobKind, JobState
 
@@ -46,9 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 
 
 def default_store_path() -> Path:
-    """`$XDG_STATE_HOME/tether/jobs.sqlite`, else `~/.local/state/tether/jobs.sqlite`."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "tether" / "jobs.sqlite"
+    """`jobs.sqlite` in the state directory (`$TETHER_HOME`, see `tether.config.state_home`)."""
+    return state_home() / "jobs.sqlite"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,5 @@
+"""`python -m tether`: the `tether` command."""
+
+from tether.cli.main import app
+
+app(prog_name="tether")
