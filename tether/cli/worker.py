@@ -173,8 +173,10 @@ def worker_command(
         int | None, typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus /metrics here.")
     ] = None,
 ) -> None:
-    """Run agent tasks from the queue until stopped (SIGINT/SIGTERM: after the current steps, twice: at
-    once; SIGKILL is safe too)."""
+    """Run agent tasks from the queue until stopped (Ctrl-C: after the current steps; SIGKILL is safe too).
+
+    A first SIGINT/SIGTERM lets each running task finish its step, a second stops at once; either way every
+    task resumes from its journal."""
     from tether.agents.model import open_model
     from tether.agents.worker import WorkerConfig
 
