@@ -233,9 +233,27 @@ async def test_exhausted_budget_is_a_distinct_error(served: Served) -> None:
         for _ in range(5):
             await client.completions.create(**body)
     assert refused.value.code == "budget_exhausted" and refused.value.type == "insufficient_quota"
+    # the cause named first: the request's worst case does not fit in what is left, and waiting helps
+    message = refused.value.message
+    assert "this request may cost up to" in message and "USD left of key" in message, message
+    assert int(refused.value.response.headers["retry-after"]) >= 1
     await served.gateway.flush()
     spent = served.gateway.ledger.report("acme", 0)[0].cost_usd
     assert spent <= Decimal("0.0015")
+
+
+async def test_request_costlier_than_the_whole_budget_is_a_400_naming_the_max_tokens_that_fits(
+    served: Served,
+) -> None:
+    # 0.001 USD: the prompt bound, 64 + 2 bytes at 1.80 per million, leaves 881.2 micro-USD, which pays
+    # for 92 output tokens at 9.50; waiting would never let 200 fit
+    client = served.openai(served.key("acme", budget_usd="0.001"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=TINY, prompt="hi", max_tokens=200)
+    assert refused.value.code == "request_exceeds_budget" and refused.value.param == "max_tokens"
+    assert "lower max_tokens to 92 or less" in refused.value.message, refused.value.message
+    assert "retry-after" not in refused.value.response.headers
+    await client.completions.create(model=TINY, prompt="hi", max_tokens=92)
 
 
 async def test_request_larger_than_the_whole_window_is_a_400(served: Served) -> None:
@@ -243,6 +261,7 @@ async def test_request_larger_than_the_whole_window_is_a_400(served: Served) -> 
     with pytest.raises(openai.BadRequestError) as refused:
         await client.completions.create(model=TINY, prompt="hi", max_tokens=200)
     assert refused.value.code == "request_exceeds_limit"
+    assert "lower max_tokens to 34 or less" in refused.value.message  # 100 - 64 - 2 prompt bytes
 
 
 async def test_engine_refusals_pass_through_and_release_the_reservation(served: Served) -> None:
