@@ -15,10 +15,11 @@ import openai
 import pytest
 
 from tests.live_server import live_server
-from tether.gateway import Limits, Tier, create_gateway_app
+from tether.gateway import GatewayConfig, Limits, Pool, Tier, create_gateway_app
+from tether.gateway.config import DEFAULT_MODEL
 from tether.gateway.pricing import Usage
 
-from .conftest import TINY, live_gateway, make_config
+from .conftest import TINY, engine_server, live_gateway, make_config, unique_prefix
 from .helpers import Served, expected_cost, serve
 
 # long enough to span several 16-token KV blocks, so a repeat hits the prefix cache
@@ -412,3 +413,39 @@ async def test_an_abandoned_stream_frees_its_slot_and_keeps_its_reservation(
             )
             == 1
         )
+
+
+async def test_the_default_config_reaches_an_engine_serving_tether_serves_default_model(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    # `tether serve` with its defaults serves under DEFAULT_MODEL; only the port differs here
+    with engine_server(tiny_path, DEFAULT_MODEL, kv_cache_mib=4, max_model_len=256) as url:
+        defaults = GatewayConfig()
+        config = defaults.model_copy(
+            update={
+                "pools": {"default": defaults.pools["default"].model_copy(update={"urls": [url]})},
+                "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+            }
+        )
+        async with serve(config) as served:
+            client = served.openai(served.key())
+            models = await client.models.list()
+            answer = await client.chat.completions.create(
+                model=models.data[0].id, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    assert answer.model == DEFAULT_MODEL and answer.usage is not None
+
+
+async def test_a_model_is_sent_upstream_under_its_engine_name(tiny_engine_url: str, tmp_path: Path) -> None:
+    config = GatewayConfig(
+        models={"chat": "engine"},
+        upstream_models={"chat": TINY},
+        pools={"engine": Pool(urls=[tiny_engine_url])},
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        table_prefix=unique_prefix(),
+    )
+    async with serve(config) as served:
+        client = served.openai(served.key())
+        await client.completions.create(model="chat", prompt="hi", max_tokens=1)
+        await served.gateway.flush()
+        assert [row.model for row in served.gateway.ledger.report("acme", since=0)] == ["chat"]

@@ -1,6 +1,6 @@
 """What the gateway will do with one request, decided from its body alone: the model and pool, the body
-sent upstream (tier priority, bounded `max_tokens`, usage always streamed) and the tokens and spend to
-reserve. Pure: no I/O, every bad field a `GatewayError` naming it."""
+sent upstream (the engine's model name, tier priority, bounded `max_tokens`, usage always streamed) and
+the tokens and spend to reserve. Pure: no I/O, every bad field a `GatewayError` naming it."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def plan_request(kind: Kind, body: Any, tier: Tier, config: GatewayConfig) -> Re
         else "max_tokens"
     )
     max_tokens = _positive_int(body, name)
-    upstream = dict(body)
+    upstream = dict(body, model=config.upstream_model(model))
     if max_tokens is None:  # bound the output so the reservation bounds the usage
         max_tokens = config.estimate.default_max_tokens
         upstream["max_tokens"] = max_tokens
