@@ -124,7 +124,21 @@ class Ledger:
             sa.Column("spend_nusd", sa.BigInteger, nullable=False),
         )
         self.meta.create_all(engine)
-        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        # the statements of every commit, built once: SQLAlchemy then reuses their compiled form, where
+        # building them per commit cost more than the commit itself
+        insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        spend = insert(self.spend)
+        self._add_spend = spend.on_conflict_do_update(
+            index_elements=["tenant", "day"],
+            set_={
+                "requests": self.spend.c.requests + spend.excluded.requests,
+                "tokens": self.spend.c.tokens + spend.excluded.tokens,
+                "cost_pusd": self.spend.c.cost_pusd + spend.excluded.cost_pusd,
+            },
+        )
+        self._end_reservation = self.reservations.delete().where(
+            self.reservations.c.request_id == sa.bindparam("ended")
+        )
 
     def record(
         self,
@@ -180,22 +194,21 @@ class Ledger:
                     ],
                 )
             if ended:
-                conn.execute(self.reservations.delete().where(self.reservations.c.request_id.in_(ended)))
+                conn.execute(self._end_reservation, [{"ended": request_id} for request_id in ended])
             if rows:
                 conn.execute(self.rows.insert(), rows)
-            for (tenant, day), (requests, tokens, pico) in totals.items():
-                spend = self._insert(self.spend).values(
-                    tenant=tenant, day=day, requests=requests, tokens=tokens, cost_pusd=pico
-                )
                 conn.execute(
-                    spend.on_conflict_do_update(
-                        index_elements=["tenant", "day"],
-                        set_={
-                            "requests": self.spend.c.requests + requests,
-                            "tokens": self.spend.c.tokens + tokens,
-                            "cost_pusd": self.spend.c.cost_pusd + pico,
-                        },
-                    )
+                    self._add_spend,
+                    [
+                        {
+                            "tenant": tenant,
+                            "day": day,
+                            "requests": requests,
+                            "tokens": tokens,
+                            "cost_pusd": pico,
+                        }
+                        for (tenant, day), (requests, tokens, pico) in totals.items()
+                    ],
                 )
 
     def report(self, tenant: str, since: float) -> list[UsageRow]:
