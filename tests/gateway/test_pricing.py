@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from tether.errors import ConfigError
-from tether.gateway.config import DEFAULT_PRICES, Price, Tier, parse_gateway_config
+from tether.gateway.config import DEFAULT_MODEL, DEFAULT_PRICES, Price, Tier, parse_gateway_config
 from tether.gateway.ledger import to_pico_usd
 from tether.gateway.pricing import BadUsage, Usage, cost_usd, largest_max_tokens, to_nano_usd, worst_case_usd
 
@@ -84,9 +84,10 @@ def test_bad_gateway_configs_name_the_problem(data: dict[str, object], message: 
 
 
 def test_configured_prices_override_the_defaults() -> None:
-    config = parse_gateway_config({"prices": {"default": {"standard": {"output_per_mtok": "2.5"}}}})
-    assert config.price("default", Tier.STANDARD).output_per_mtok == Decimal("2.5")
-    assert config.price("default", Tier.FAST) == DEFAULT_PRICES[Tier.FAST]
+    model = DEFAULT_MODEL
+    config = parse_gateway_config({"prices": {model: {"standard": {"output_per_mtok": "2.5"}}}})
+    assert config.price(model, Tier.STANDARD).output_per_mtok == Decimal("2.5")
+    assert config.price(model, Tier.FAST) == DEFAULT_PRICES[Tier.FAST]
 
 
 @pytest.mark.parametrize(
