@@ -1,9 +1,12 @@
-"""The example alert rules name only metrics the gateway exports; the ledger writer batches, retries and
-never settles a charge it could not write."""
+"""The example alert rules name only metrics the gateway exports; the ledger writer groups concurrent writes
+in one commit, answers each only once it is committed, retries, and never settles a charge it could not
+write."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import pytest
 import yaml
 
 from tether.gateway.config import Tier
-from tether.gateway.ledger import Charge, Ledger
+from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.pricing import Usage
 from tether.gateway.writer import LedgerWriter
@@ -32,31 +35,39 @@ class FlakyLedger(Ledger):
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.batches: list[list[Charge]] = []
+        self.reserved: list[str] = []
 
-    def record(self, charges: list[Charge]) -> None:
+    def record(
+        self, charges: Sequence[Charge], reserved: Sequence[Reservation] = (), released: Sequence[str] = ()
+    ) -> None:
         if self.failures:
             self.failures -= 1
             raise OSError("disk full")
-        self.batches.append(charges)
+        self.batches.append(list(charges))
+        self.reserved += [r.request_id for r in reserved]
 
 
 def charge(i: int) -> Charge:
     return Charge(f"r{i}", 0.0, "acme", "k", "m", Tier.STANDARD, Usage(1, 0, 1), Decimal(1))
 
 
-async def test_concurrent_charges_share_one_commit_and_settle_after_it() -> None:
+async def test_concurrent_charges_share_one_commit_and_are_answered_after_it() -> None:
     ledger = FlakyLedger(failures=0)
-    writer = LedgerWriter(ledger, linger_s=0.01)
+    writer = LedgerWriter(ledger)
     settled: list[int] = []
+    committed = []
     for i in range(5):
 
         async def after(i: int = i) -> None:
             assert any(c.request_id == f"r{i}" for batch in ledger.batches for c in batch)  # committed first
             settled.append(i)
 
-        writer.submit(charge(i), after)
-    await writer.flush()
-    assert [len(batch) for batch in ledger.batches] == [5] and settled == [0, 1, 2, 3, 4]
+        committed.append(writer.charge(charge(i), after))
+    reserved = writer.reserve(Reservation("r9", 0.0, "acme", "k", 10, 100))
+    assert not any(f.done() for f in committed)
+    assert await asyncio.gather(*committed, reserved) == [True] * 6
+    assert [len(batch) for batch in ledger.batches] == [5] and ledger.reserved == ["r9"]
+    assert settled == [0, 1, 2, 3, 4]
     await writer.close()
 
 
@@ -66,14 +77,13 @@ async def test_failed_commits_are_retried_then_given_up_unsettled(
 ) -> None:
     ledger = FlakyLedger(failures)
     given_up: list[int] = []
-    writer = LedgerWriter(ledger, linger_s=0, attempts=3, backoff_s=0.001, on_failure=given_up.append)
+    writer = LedgerWriter(ledger, attempts=3, backoff_s=0.001, on_failure=given_up.append)
     settled: list[bool] = []
 
     async def after() -> None:
         settled.append(True)
 
-    writer.submit(charge(0), after)
-    await writer.flush()
+    assert await writer.charge(charge(0), after) is written
     await writer.close()
     assert bool(ledger.batches) is written and bool(settled) is written
     assert given_up == ([] if written else [1])

@@ -8,6 +8,7 @@ import io
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -137,3 +138,23 @@ def test_bench_reports_added_latency_and_max_rps() -> None:
 def test_bench_refuses_nonsense_settings(option: str) -> None:
     result = runner.invoke(app, ["gateway", "bench", option, "0"])
     assert result.exit_code == 2 and option.removeprefix("--") in result.output
+
+
+def test_every_gateway_option_has_help_and_serve_listens_on_4000() -> None:
+    import typer.main
+
+    from tether.cli.gateway import app as gateway_app
+
+    group: Any = typer.main.get_command(gateway_app)
+    commands = {name: command for name, command in group.commands.items() if name != "keys"}
+    commands.update({f"keys {name}": command for name, command in group.commands["keys"].commands.items()})
+    assert len(commands) == 6
+    missing = [
+        f"{name} {param.opts[0]}"
+        for name, command in commands.items()
+        for param in command.params
+        if param.param_type_name == "option" and not param.help
+    ]
+    assert missing == []
+    port = next(p for p in commands["serve"].params if p.name == "port")
+    assert port.default == 4000  # LiteLLM's port; the sandbox server keeps 8080

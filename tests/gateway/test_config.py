@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tether.errors import ConfigError
-from tether.gateway.config import Tier, load_gateway_config
+from tether.gateway.config import Tier, load_gateway_config, parse_gateway_config
 
 TOML = """
 ledger_url = "postgresql://postgres@127.0.0.1:5432/test"
@@ -80,3 +80,31 @@ def test_unusable_files_are_named_with_the_problem(
     with pytest.raises(ConfigError, match=message) as refused:
         load_gateway_config(path)
     assert str(path) in str(refused.value)
+
+
+def test_the_defaults_front_tether_serve_with_its_defaults() -> None:
+    import inspect
+
+    from tether.cli.serve import serve_command
+
+    serve = inspect.signature(serve_command).parameters
+    config = load_gateway_config(None)
+    assert list(config.models) == [serve["model"].default]
+    pool = config.pools[config.models[serve["model"].default]]
+    assert pool.urls == [f"http://{serve['host'].default}:{serve['port'].default}"]
+
+
+def test_upstream_model_names_must_name_served_models() -> None:
+    with pytest.raises(ConfigError, match="'chat' is configured but not served"):
+        parse_gateway_config({"upstream_models": {"chat": "smollm2-135m-instruct"}})
+
+
+def test_the_readme_example_is_a_valid_config(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("A config for several models and pools", 1)[1].split("```toml\n", 1)[1]
+    path = tmp_path / "gateway.toml"
+    path.write_text(example.split("```", 1)[0])
+    config = load_gateway_config(path)
+    assert (
+        config.pool_for("chat", Tier.FAST) == "large-fast" and config.upstream_model("chat") == "Qwen3-1.7B"
+    )

@@ -15,10 +15,11 @@ import openai
 import pytest
 
 from tests.live_server import live_server
-from tether.gateway import Limits, Tier, create_gateway_app
+from tether.gateway import GatewayConfig, Limits, Pool, Tier, create_gateway_app
+from tether.gateway.config import DEFAULT_MODEL
 from tether.gateway.pricing import Usage
 
-from .conftest import TINY, live_gateway, make_config
+from .conftest import TINY, engine_server, live_gateway, make_config, unique_prefix
 from .helpers import Served, expected_cost, serve
 
 # long enough to span several 16-token KV blocks, so a repeat hits the prefix cache
@@ -233,9 +234,27 @@ async def test_exhausted_budget_is_a_distinct_error(served: Served) -> None:
         for _ in range(5):
             await client.completions.create(**body)
     assert refused.value.code == "budget_exhausted" and refused.value.type == "insufficient_quota"
+    # the cause named first: the request's worst case does not fit in what is left, and waiting helps
+    message = refused.value.message
+    assert "this request may cost up to" in message and "USD left of key" in message, message
+    assert int(refused.value.response.headers["retry-after"]) >= 1
     await served.gateway.flush()
     spent = served.gateway.ledger.report("acme", 0)[0].cost_usd
     assert spent <= Decimal("0.0015")
+
+
+async def test_request_costlier_than_the_whole_budget_is_a_400_naming_the_max_tokens_that_fits(
+    served: Served,
+) -> None:
+    # 0.001 USD: the prompt bound, 64 + 2 bytes at 1.80 per million, leaves 881.2 micro-USD, which pays
+    # for 92 output tokens at 9.50; waiting would never let 200 fit
+    client = served.openai(served.key("acme", budget_usd="0.001"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=TINY, prompt="hi", max_tokens=200)
+    assert refused.value.code == "request_exceeds_budget" and refused.value.param == "max_tokens"
+    assert "lower max_tokens to 92 or less" in refused.value.message, refused.value.message
+    assert "retry-after" not in refused.value.response.headers
+    await client.completions.create(model=TINY, prompt="hi", max_tokens=92)
 
 
 async def test_request_larger_than_the_whole_window_is_a_400(served: Served) -> None:
@@ -243,6 +262,7 @@ async def test_request_larger_than_the_whole_window_is_a_400(served: Served) -> 
     with pytest.raises(openai.BadRequestError) as refused:
         await client.completions.create(model=TINY, prompt="hi", max_tokens=200)
     assert refused.value.code == "request_exceeds_limit"
+    assert "lower max_tokens to 34 or less" in refused.value.message  # 100 - 64 - 2 prompt bytes
 
 
 async def test_engine_refusals_pass_through_and_release_the_reservation(served: Served) -> None:
@@ -393,3 +413,39 @@ async def test_an_abandoned_stream_frees_its_slot_and_keeps_its_reservation(
             )
             == 1
         )
+
+
+async def test_the_default_config_reaches_an_engine_serving_tether_serves_default_model(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    # `tether serve` with its defaults serves under DEFAULT_MODEL; only the port differs here
+    with engine_server(tiny_path, DEFAULT_MODEL, kv_cache_mib=4, max_model_len=256) as url:
+        defaults = GatewayConfig()
+        config = defaults.model_copy(
+            update={
+                "pools": {"default": defaults.pools["default"].model_copy(update={"urls": [url]})},
+                "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+            }
+        )
+        async with serve(config) as served:
+            client = served.openai(served.key())
+            models = await client.models.list()
+            answer = await client.chat.completions.create(
+                model=models.data[0].id, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    assert answer.model == DEFAULT_MODEL and answer.usage is not None
+
+
+async def test_a_model_is_sent_upstream_under_its_engine_name(tiny_engine_url: str, tmp_path: Path) -> None:
+    config = GatewayConfig(
+        models={"chat": "engine"},
+        upstream_models={"chat": TINY},
+        pools={"engine": Pool(urls=[tiny_engine_url])},
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        table_prefix=unique_prefix(),
+    )
+    async with serve(config) as served:
+        client = served.openai(served.key())
+        await client.completions.create(model="chat", prompt="hi", max_tokens=1)
+        await served.gateway.flush()
+        assert [row.model for row in served.gateway.ledger.report("acme", since=0)] == ["chat"]

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from tether.errors import ConfigError
 from tether.gateway.config import Limits, Tier
 from tether.gateway.keys import KeyStore, UnknownKey, hash_key
-from tether.gateway.ledger import Charge, Ledger, RecentUsage
+from tether.gateway.ledger import Charge, Ledger, RecentUsage, Reservation
 from tether.gateway.pricing import Usage
 from tether.store import make_engine
 
@@ -121,3 +121,17 @@ def test_recent_usage_sums_per_key_and_span_with_costs_rounded_up(stores: tuple[
         RecentUsage("acme", "k2", 1220.0, 4, 3),
         RecentUsage("acme", "k1", 1290.0, 6, 4),
     ]
+
+
+def test_a_reservation_stays_open_until_its_charge_or_release_ends_it(
+    stores: tuple[KeyStore, Ledger],
+) -> None:
+    _, ledger = stores
+    reserved = [Reservation(f"r{i}", 1000.0 + i, "acme", "k1", 70, 13_100) for i in range(4)]
+    ledger.record([], reserved=reserved[:3])
+    charge = Charge("r0", 1005.0, "acme", "k1", "m", Tier.STANDARD, Usage(2, 0, 1), Decimal("0.0000131"))
+    # a reservation committed with its own release (a request refused upstream at once) never shows
+    ledger.record([charge], reserved=reserved[3:], released=["r1", "r3"])
+    assert ledger.open_reservations(since=1000.0) == [RecentUsage("acme", "k1", 1002.0, 70, 13_100)]
+    assert ledger.open_reservations(since=1002.5) == []
+    assert ledger.daily_spend("acme", "1970-01-01") == (1, 3, Decimal("0.0000131"))

@@ -7,9 +7,9 @@ from decimal import Decimal
 import pytest
 
 from tether.errors import ConfigError
-from tether.gateway.config import DEFAULT_PRICES, Price, Tier, parse_gateway_config
+from tether.gateway.config import DEFAULT_MODEL, DEFAULT_PRICES, Price, Tier, parse_gateway_config
 from tether.gateway.ledger import to_pico_usd
-from tether.gateway.pricing import BadUsage, Usage, cost_usd, to_nano_usd, worst_case_usd
+from tether.gateway.pricing import BadUsage, Usage, cost_usd, largest_max_tokens, to_nano_usd, worst_case_usd
 
 
 def test_standard_cost_splits_hits_misses_and_output() -> None:
@@ -84,6 +84,25 @@ def test_bad_gateway_configs_name_the_problem(data: dict[str, object], message: 
 
 
 def test_configured_prices_override_the_defaults() -> None:
-    config = parse_gateway_config({"prices": {"default": {"standard": {"output_per_mtok": "2.5"}}}})
-    assert config.price("default", Tier.STANDARD).output_per_mtok == Decimal("2.5")
-    assert config.price("default", Tier.FAST) == DEFAULT_PRICES[Tier.FAST]
+    model = DEFAULT_MODEL
+    config = parse_gateway_config({"prices": {model: {"standard": {"output_per_mtok": "2.5"}}}})
+    assert config.price(model, Tier.STANDARD).output_per_mtok == Decimal("2.5")
+    assert config.price(model, Tier.FAST) == DEFAULT_PRICES[Tier.FAST]
+
+
+@pytest.mark.parametrize(
+    ("spend_nano_usd", "prompt_tokens", "n", "fits"),
+    [
+        (1_000_000, 10, 1, 103),  # (1,000 - 10 x 1.80) / 9.50 = 103.4 micro-USD per output token
+        (1_000_000, 10, 2, 51),
+        (18_000, 10, 1, 0),  # the prompt alone costs 18.0: nothing left for output
+        (17_000, 10, 1, 0),
+    ],
+)
+def test_largest_max_tokens_is_the_most_that_fits(
+    spend_nano_usd: int, prompt_tokens: int, n: int, fits: int
+) -> None:
+    price = DEFAULT_PRICES[Tier.STANDARD]
+    assert largest_max_tokens(spend_nano_usd, prompt_tokens, n, price) == fits
+    worst = to_nano_usd(worst_case_usd(prompt_tokens, (fits + 1) * n, price))
+    assert worst > spend_nano_usd  # one more does not fit

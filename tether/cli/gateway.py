@@ -7,6 +7,7 @@ import datetime as dt
 import re
 import sys
 from decimal import Decimal
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +33,16 @@ LedgerOption = Annotated[
     typer.Option("--ledger-url", help="sqlite:///PATH or postgresql://... (overrides the config)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+class LogLevel(StrEnum):
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+    DEBUG = "debug"
+    TRACE = "trace"
+
 
 _RELATIVE = re.compile(r"^(\d+)([dhm])$")
 
@@ -71,15 +82,19 @@ def main() -> None:
 @app.command("serve")
 def serve_command(
     config_file: ConfigOption = None,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on (LiteLLM's 4000).")
+    ] = 4000,
+    log_level: Annotated[
+        LogLevel, typer.Option("--log-level", help="uvicorn's log level; debug also logs every request.")
+    ] = LogLevel.INFO,
 ) -> None:
-    """Serve the gateway until interrupted."""
+    """Serve the gateway until interrupted (by default in front of `tether serve` on its default port)."""
     with user_errors():
         from tether.gateway.runtime import serve_gateway
 
-        serve_gateway(_config(config_file), host, port, log_level)
+        serve_gateway(_config(config_file), host, port, log_level.value)
 
 
 @keys_app.command("create")
@@ -90,10 +105,12 @@ def keys_create(
     rpm: Annotated[int | None, typer.Option("--rpm", min=1, help="Requests per minute.")] = None,
     tokens: Annotated[int | None, typer.Option("--tokens", min=1, help="Tokens per window.")] = None,
     token_window_s: Annotated[
-        float, typer.Option("--token-window-s", min=0.001, help="Token window.")
+        float, typer.Option("--token-window-s", min=0.001, help="Token window, in seconds.")
     ] = 600.0,
     budget_usd: Annotated[str | None, typer.Option("--budget-usd", help="Spend per budget period.")] = None,
-    budget_period_s: Annotated[float, typer.Option("--budget-period-s", min=0.001)] = 30 * 86400.0,
+    budget_period_s: Annotated[
+        float, typer.Option("--budget-period-s", min=0.001, help="Budget period, in seconds (30 days).")
+    ] = 30 * 86400.0,
     config_file: ConfigOption = None,
     ledger_url: LedgerOption = None,
     as_json: JsonOption = False,
@@ -129,7 +146,7 @@ def keys_create(
 
 @keys_app.command("list")
 def keys_list(
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's keys.")] = None,
     config_file: ConfigOption = None,
     ledger_url: LedgerOption = None,
     as_json: JsonOption = False,
@@ -182,7 +199,7 @@ def keys_revoke(
 
 @app.command("usage")
 def usage_command(
-    tenant: Annotated[str, typer.Option("--tenant")],
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant to report on.")],
     since: Annotated[str, typer.Option("--since", help="7d, 24h, 30m, or an ISO date/datetime.")] = "30d",
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
     config_file: ConfigOption = None,

@@ -1,6 +1,8 @@
-"""The gateway's HTTP app: authenticate, plan, reserve limits, wait for a pool slot, forward to an engine
-through one shared `Upstream` (streams are relayed chunk by chunk, never buffered whole), then price the
-reported usage and hand it to the ledger writer, which settles the reservation once committed.
+"""The gateway's HTTP app: authenticate, plan, reserve limits, wait for a pool slot, commit a durable
+reservation, forward to an engine through one shared `Upstream` (streams are relayed chunk by chunk, never
+buffered whole), then price the reported usage and commit its charge before the response completes: a
+whole answer is sent only after its charge is committed, a stream's usage event and `[DONE]` only after
+it. A request whose charge cannot be recorded is not served (503, or an error event ending the stream).
 
 The two completion routes are plain ASGI: FastAPI's routing, validation and middleware cost more CPU per
 request than the gateway's own work. The other routes are FastAPI's.
@@ -29,14 +31,14 @@ from prometheus_client import generate_latest
 from starlette.routing import Route
 
 from tether.gateway.admission import AdmissionQueue, AdmissionRefused
-from tether.gateway.config import GatewayConfig
+from tether.gateway.config import GatewayConfig, Price
 from tether.gateway.errors import GatewayError
 from tether.gateway.keys import ApiKey, KeyStore, hash_key
-from tether.gateway.ledger import Charge, Ledger
+from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.limits import Counter, LimitKind, LimitStore, Refusal, counters_for
 from tether.gateway.metrics import GatewayMetrics
-from tether.gateway.plan import Kind, RequestPlan, plan_request
-from tether.gateway.pricing import BadUsage, Usage, cost_usd, to_nano_usd
+from tether.gateway.plan import Kind, RequestPlan, parse_body, plan_request
+from tether.gateway.pricing import BadUsage, Usage, cost_usd, largest_max_tokens, to_nano_usd
 from tether.gateway.upstream import Response as UpstreamResponse
 from tether.gateway.upstream import Target, Upstream, UpstreamError
 from tether.gateway.writer import LedgerWriter
@@ -124,27 +126,59 @@ class _Admitted:
     counters: list[Counter]
     arrived_s: float
     settled: bool = False
+    reserved_durably: bool = False
 
 
-def _refusal_error(refusal: Refusal, scope_id: str, reserved: int) -> GatewayError:
+def _usd(nano_usd: int) -> Decimal:
+    return Decimal(nano_usd) / 10**9
+
+
+def _spend_refusal(refusal: Refusal, who: str, plan: RequestPlan, price: Price) -> GatewayError:
+    """A budget refusal names the request's worst case, which is what did not fit: with nothing spent it
+    is the whole cause. Larger than the whole budget it is a 400 (waiting never helps), else a 429 with
+    `Retry-After` for when enough earlier spend leaves the budget period."""
+    counter = refusal.counter
+    budget = f"budget of {_usd(counter.limit)} USD per {counter.window_s:g} s"
+    worst = (
+        f"this request may cost up to {_usd(counter.amount)} USD ({plan.prompt_tokens_bound} prompt tokens "
+        f"at most, plus max_tokens x n = {plan.output_tokens_bound} output tokens)"
+    )
+    if refusal.retry_after_s == float("inf"):
+        fits = largest_max_tokens(counter.limit, plan.prompt_tokens_bound, plan.n, price)
+        fix = f"lower max_tokens to {fits} or less" if fits else "shorten the prompt"
+        return GatewayError(
+            400,
+            f"{worst}, more than {who}'s whole {budget}; {fix}",
+            "request_exceeds_budget",
+            param="max_tokens",
+        )
+    room = max(counter.limit - refusal.used, 0)
+    fits = largest_max_tokens(room, plan.prompt_tokens_bound, plan.n, price)
+    fix = f", or lower max_tokens to {fits} or less to fit now" if fits else ""
+    return GatewayError(
+        429,
+        f"{worst}, more than the {_usd(room)} USD left of {who}'s {budget} ({_usd(refusal.used)} USD spent "
+        f"or reserved by earlier requests); retry after {refusal.retry_after_s:.1f} s{fix}",
+        "budget_exhausted",
+        kind="insufficient_quota",
+        param="max_tokens",
+        retry_after_s=refusal.retry_after_s,
+    )
+
+
+def _refusal_error(refusal: Refusal, scope_id: str, plan: RequestPlan, price: Price) -> GatewayError:
     counter = refusal.counter
     who = f"{counter.scope} {scope_id!r}"
+    reserved = counter.amount
     if counter.kind is LimitKind.SPEND:
-        budget = Decimal(counter.limit) / 10**9
-        return GatewayError(
-            429,
-            f"{who} has exhausted its budget of {budget} USD per {counter.window_s:g} s "
-            f"(spent or reserved {Decimal(refusal.used) / 10**9} USD; this request may cost up to "
-            f"{Decimal(reserved) / 10**9} USD)",
-            "budget_exhausted",
-            kind="insufficient_quota",
-            retry_after_s=None if refusal.retry_after_s == float("inf") else refusal.retry_after_s,
-        )
+        return _spend_refusal(refusal, who, plan, price)
     if refusal.retry_after_s == float("inf"):
+        fits = (counter.limit - plan.prompt_tokens_bound) // plan.n
+        fix = f"lower max_tokens to {fits} or less" if fits >= 1 else "shorten the prompt"
         return GatewayError(
             400,
             f"this request may use {reserved} tokens (prompt bound plus max_tokens x n), more than {who}'s "
-            f"whole limit of {counter.limit} tokens per {counter.window_s:g} s; lower max_tokens",
+            f"whole limit of {counter.limit} tokens per {counter.window_s:g} s; {fix}",
             "request_exceeds_limit",
             param="max_tokens",
         )
@@ -158,6 +192,16 @@ def _refusal_error(refusal: Refusal, scope_id: str, reserved: int) -> GatewayErr
         f"{counter.kind.value}_limit_exceeded",
         kind="rate_limit_exceeded",
         retry_after_s=refusal.retry_after_s,
+    )
+
+
+def _ledger_unavailable() -> GatewayError:
+    return GatewayError(
+        503,
+        "the usage ledger cannot record this request right now, so it is not served; retry shortly",
+        "ledger_unavailable",
+        "server_error",
+        retry_after_s=1.0,
     )
 
 
@@ -244,19 +288,40 @@ class Gateway:
         refusal = await self.limits.reserve(admitted.id, counters, self.clock())
         if refusal is not None:
             scope_id = key.key_id if refusal.counter.scope == "key" else key.tenant
-            raise _refusal_error(refusal, scope_id, refusal.counter.amount)
+            raise _refusal_error(refusal, scope_id, plan, self.config.price(plan.model, plan.tier))
         return admitted
+
+    async def reserve_durably(self, admitted: _Admitted) -> None:
+        """Commit the request's worst case to the ledger before it goes upstream, so that a crash while it
+        runs still counts it against its budgets when the limits are rebuilt."""
+        plan, key = admitted.plan, admitted.key
+        reservation = Reservation(
+            admitted.id, self.clock(), key.tenant, key.key_id, plan.tokens_bound, plan.spend_bound_nano_usd
+        )
+        if not await self.writer.reserve(reservation):
+            raise _ledger_unavailable()
+        admitted.reserved_durably = True
 
     async def release(self, admitted: _Admitted) -> None:
         """The request never ran: give its tokens and spend back (it still counts as a request)."""
         if admitted.settled:
             return
         admitted.settled = True
+        if admitted.reserved_durably:
+            self.writer.release(admitted.id)
         zero = {c.name: 0 for c in admitted.counters if c.kind is not LimitKind.REQUESTS}
         await self.limits.settle(admitted.id, admitted.counters, zero)
 
-    def charge(self, admitted: _Admitted, usage: Usage) -> Decimal:
-        """Price the usage and queue its ledger row; the reservation is settled once the row is committed."""
+    async def charge(self, admitted: _Admitted, usage: Usage) -> Decimal:
+        """Price the usage and commit its ledger row; the cost once committed (and the limits settled to
+        it). If the ledger cannot record it the request is refused and its reservation stays charged."""
+        committed, cost = self._charge(admitted, usage)
+        if not await committed:
+            raise _ledger_unavailable()
+        return cost
+
+    def _charge(self, admitted: _Admitted, usage: Usage) -> tuple[asyncio.Future[bool], Decimal]:
+        """Queue the charge's commit; the reservation is settled once the row is committed."""
         plan, key = admitted.plan, admitted.key
         cost = cost_usd(usage, self.config.price(plan.model, plan.tier))
         charge = Charge(admitted.id, self.clock(), key.tenant, key.key_id, plan.model, plan.tier, usage, cost)
@@ -276,13 +341,13 @@ class Gateway:
         async def settle() -> None:
             await self.limits.settle(admitted.id, admitted.counters, amounts)
 
-        self.writer.submit(charge, settle)
+        committed = self.writer.charge(charge, settle)
         tier, tenant, tokens = plan.tier.value, key.tenant, self.metrics.tokens_by
         tokens(tenant, tier, "cached").inc(usage.cached_tokens)
         tokens(tenant, tier, "uncached").inc(usage.prompt_tokens - usage.cached_tokens)
         tokens(tenant, tier, "output").inc(usage.completion_tokens)
         self.metrics.cost_by(tenant, tier).inc(float(cost))
-        return cost
+        return committed, cost
 
     async def flush(self) -> None:
         """Wait until every charge so far is in the ledger and settled in the limits."""
@@ -313,11 +378,7 @@ class Gateway:
     ) -> _Whole | Response:
         key = await self.authenticate(authorization)
         labels[0] = key.tier.value
-        try:
-            body = json.loads(await _read_body(receive))
-        except ValueError as error:
-            raise GatewayError(400, f"the body is not valid JSON: {error}", "invalid_json") from None
-        plan = plan_request(kind, body, key.tier, self.config)
+        plan = plan_request(kind, parse_body(await _read_body(receive)), key.tier, self.config)
         admitted = await self.admit(key, plan)
         queue = self.queues[plan.pool]
         try:
@@ -332,13 +393,14 @@ class Gateway:
             raise
         handed_over = False
         try:
+            await self.reserve_durably(admitted)
             upstream = await self.upstream.post(next(self._targets[plan.pool, plan.kind]), plan.upstream_body)
             if upstream.status_code != 200 or not plan.stream:
                 try:
                     content = await upstream.aread()
                 finally:
                     await upstream.aclose()
-                return self._whole(admitted, upstream.status_code, content)
+                return await self._whole(admitted, upstream.status_code, content)
             # from here the relay owns the slot, the reservation and the upstream response; it is started
             # at once so that its cleanup runs even if the client leaves before the body is sent
             handed_over = True
@@ -347,7 +409,11 @@ class Gateway:
             return StreamingResponse(
                 _prepend(first, relay),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                    "X-Tether-Request-Id": admitted.id,
+                },
             )
         except UpstreamError as error:
             raise GatewayError(
@@ -358,7 +424,7 @@ class Gateway:
                 queue.release()
                 await self.release(admitted)  # a no-op once charged
 
-    def _whole(self, admitted: _Admitted, status: int, content: bytes) -> _Whole:
+    async def _whole(self, admitted: _Admitted, status: int, content: bytes) -> _Whole:
         tier = admitted.plan.tier.value
         if status != 200:
             self.metrics.errors_by(f"upstream_{status}").inc()
@@ -376,7 +442,7 @@ class Gateway:
             raise GatewayError(
                 502, f"upstream answered without a valid usage: {error}", "bad_upstream_usage", "server_error"
             ) from None
-        cost = self.charge(admitted, usage)
+        cost = await self.charge(admitted, usage)
         self.metrics.latency_by(tier).observe(time.monotonic() - admitted.arrived_s)
         headers = [(b"x-tether-cost-usd", str(cost).encode()), (b"x-tether-request-id", admitted.id.encode())]
         return _Whole(200, content, headers)
@@ -384,10 +450,12 @@ class Gateway:
     async def _relay(
         self, admitted: _Admitted, upstream: UpstreamResponse, queue: AdmissionQueue
     ) -> AsyncGenerator[bytes, None]:
-        """Upstream's SSE events as they come; the usage event is read for the ledger, and dropped when
-        the client did not ask for it."""
+        """Upstream's SSE events as they come; the usage event is read for the ledger (and dropped when the
+        client did not ask for it), and it and everything after it (`[DONE]`) are held back until the
+        charge is committed: a client that saw the stream end was billed for it."""
         tier = admitted.plan.tier.value
         usage: Usage | None = None
+        held: list[bytes] = []
         buffer = b""
         first = True
         try:
@@ -397,7 +465,7 @@ class Gateway:
                     first = False
                 buffer += chunk
                 *events, buffer = buffer.split(b"\n\n")
-                out = []
+                out: list[bytes] = []
                 for event in events:
                     if b'"usage":{' in event or b'"usage": {' in event:
                         with contextlib.suppress(ValueError, AttributeError, BadUsage):
@@ -405,20 +473,28 @@ class Gateway:
                             usage = Usage.from_openai(payload["usage"])
                             if not admitted.plan.client_wants_usage and not payload.get("choices"):
                                 continue
-                    out.append(event + b"\n\n")
+                    (out if usage is None else held).append(event + b"\n\n")
                 if out:
                     yield b"".join(out)
-            if buffer:
-                yield buffer
+            if usage is None:
+                if buffer:
+                    yield buffer
+                return
+            committed, _ = self._charge(admitted, usage)
+            if await committed:
+                yield b"".join(held) + buffer
+            else:
+                error = _ledger_unavailable()
+                yield b"data: " + json.dumps({"error": error.body()}).encode() + b"\n\n"
         finally:
             await upstream.aclose()
             queue.release()
-            if usage is not None:
-                self.charge(admitted, usage)
-            else:  # cut short: the tokens were possibly spent, so the reservation stands unsettled
+            if usage is None:  # cut short: the tokens were possibly spent, so the reservation stands
                 admitted.settled = True
                 self.metrics.errors_by("stream_incomplete").inc()
                 logger.warning("stream %s ended without usage; its reservation stays charged", admitted.id)
+            elif not admitted.settled:  # the client left after the usage came: what ran is still billed
+                self._charge(admitted, usage)
             self.metrics.latency_by(tier).observe(time.monotonic() - admitted.arrived_s)
 
 

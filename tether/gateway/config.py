@@ -99,10 +99,19 @@ class ReservationEstimate(_Strict):
     """Sent upstream as `max_tokens` when the client gives none, so every request's output is bounded."""
 
 
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""The model `tether serve` serves by default, under this name: the default gateway fronts it."""
+DEFAULT_ENGINE_URL = "http://127.0.0.1:8000"
+"""Where `tether serve` listens by default."""
+
+
 class GatewayConfig(_Strict):
-    models: dict[str, str] = Field(default_factory=lambda: {"default": "default"})
-    """Model name -> pool name."""
-    pools: dict[str, Pool] = Field(default_factory=lambda: {"default": Pool(urls=["http://127.0.0.1:8000"])})
+    models: dict[str, str] = Field(default_factory=lambda: {DEFAULT_MODEL: "default"})
+    """Model name (as clients ask for it) -> pool name."""
+    upstream_models: dict[str, str] = Field(default_factory=dict)
+    """Model name -> the name its pool's engines serve it under, sent upstream instead; models without an
+    entry are sent under their own name."""
+    pools: dict[str, Pool] = Field(default_factory=lambda: {"default": Pool(urls=[DEFAULT_ENGINE_URL])})
     fast_pools: dict[str, str] = Field(default_factory=dict)
     """Model name -> pool dedicated to the fast tier (optional)."""
     tier_priority: dict[Tier, int] = Field(default_factory=lambda: {Tier.STANDARD: 0, Tier.FAST: 10})
@@ -128,7 +137,7 @@ class GatewayConfig(_Strict):
         for model, pool in {**self.models, **self.fast_pools}.items():
             if pool not in self.pools:
                 raise ValueError(f"model {model!r} uses pool {pool!r}; known pools: {sorted(self.pools)}")
-        for model in [*self.fast_pools, *self.prices]:
+        for model in [*self.fast_pools, *self.prices, *self.upstream_models]:
             if model not in self.models:
                 raise ValueError(
                     f"model {model!r} is configured but not served; models: {sorted(self.models)}"
@@ -142,6 +151,9 @@ class GatewayConfig(_Strict):
 
     def price(self, model: str, tier: Tier) -> Price:
         return self.prices.get(model, {}).get(tier) or DEFAULT_PRICES[tier]
+
+    def upstream_model(self, model: str) -> str:
+        return self.upstream_models.get(model, model)
 
     def pool_for(self, model: str, tier: Tier) -> str:
         if tier is Tier.FAST and model in self.fast_pools:

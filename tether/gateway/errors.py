@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from tether.errors import TetherError
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a message quoting a client's lone surrogate still
+    encodes (JSONResponse's UTF-8 rendering would fail on it)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
 
 
 class GatewayError(TetherError):
@@ -23,9 +33,12 @@ class GatewayError(TetherError):
         self.status, self.message, self.code, self.kind, self.param = status, message, code, kind, param
         self.retry_after_s = retry_after_s
 
+    def body(self) -> dict[str, str | None]:
+        """The `error` object of OpenAI's error shape."""
+        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+
     def response(self) -> JSONResponse:
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return _AsciiJSONResponse({"error": self.body()}, status_code=self.status, headers=headers)

@@ -1,6 +1,10 @@
 """The usage ledger: one row per request (tokens, exact cost, tier, model), and per tenant and day the
 running spend that budgets and invoices read, both written in one transaction so they never disagree.
 
+Beside them, the reservations of requests forwarded but not yet charged, at their worst-case tokens and
+cost: written before a request goes upstream and deleted in the transaction that charges it, so after a
+crash the requests it cut short still count against their budgets (see `open_reservations`).
+
 Costs are stored as whole pico-dollars (exact: prices have at most 6 decimals per million tokens), so SQL
 sums are exact on SQLite and PostgreSQL alike. The ledger knows nothing of HTTP or limits.
 """
@@ -8,6 +12,7 @@ sums are exact on SQLite and PostgreSQL alike. The ledger knows nothing of HTTP 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -41,6 +46,18 @@ class Charge:
     tier: Tier
     usage: Usage
     cost_usd: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A request about to be forwarded, at the most it can use: what counts for it until it is charged."""
+
+    request_id: str
+    at: float
+    tenant: str
+    key_id: str
+    tokens: int
+    spend_nano_usd: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +113,42 @@ class Ledger:
             sa.Column("tokens", sa.BigInteger, nullable=False),
             sa.Column("cost_pusd", sa.BigInteger, nullable=False),
         )
+        self.reservations = sa.Table(
+            f"{prefix}reservations",
+            self.meta,
+            sa.Column("request_id", sa.String(64), primary_key=True),
+            sa.Column("at", sa.Float, nullable=False),
+            sa.Column("tenant", sa.String(64), nullable=False),
+            sa.Column("key_id", sa.String(32), nullable=False),
+            sa.Column("tokens", sa.BigInteger, nullable=False),
+            sa.Column("spend_nusd", sa.BigInteger, nullable=False),
+        )
         self.meta.create_all(engine)
-        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        # the statements of every commit, built once: SQLAlchemy then reuses their compiled form, where
+        # building them per commit cost more than the commit itself
+        insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        spend = insert(self.spend)
+        self._add_spend = spend.on_conflict_do_update(
+            index_elements=["tenant", "day"],
+            set_={
+                "requests": self.spend.c.requests + spend.excluded.requests,
+                "tokens": self.spend.c.tokens + spend.excluded.tokens,
+                "cost_pusd": self.spend.c.cost_pusd + spend.excluded.cost_pusd,
+            },
+        )
+        self._end_reservation = self.reservations.delete().where(
+            self.reservations.c.request_id == sa.bindparam("ended")
+        )
 
-    def record(self, charges: list[Charge]) -> None:
-        """The requests' rows and their tenants' daily spend, in one transaction: all or nothing."""
+    def record(
+        self,
+        charges: Sequence[Charge],
+        reserved: Sequence[Reservation] = (),
+        released: Sequence[str] = (),
+    ) -> None:
+        """In one transaction, all or nothing: the `reserved` requests' reservations; the `charges`' rows,
+        their tenants' daily spend and the end of their reservations; the end of the `released` ones (of
+        requests that never ran)."""
         totals: dict[tuple[str, str], list[int]] = {}
         rows = []
         for charge in charges:
@@ -126,23 +174,41 @@ class Ledger:
                     "cost_pusd": pico,
                 }
             )
-        if not rows:
+        ended = [*released, *(charge.request_id for charge in charges)]
+        if not (rows or reserved or ended):
             return
         with self.engine.begin() as conn:
-            conn.execute(self.rows.insert(), rows)
-            for (tenant, day), (requests, tokens, pico) in totals.items():
-                spend = self._insert(self.spend).values(
-                    tenant=tenant, day=day, requests=requests, tokens=tokens, cost_pusd=pico
-                )
+            if reserved:
                 conn.execute(
-                    spend.on_conflict_do_update(
-                        index_elements=["tenant", "day"],
-                        set_={
-                            "requests": self.spend.c.requests + requests,
-                            "tokens": self.spend.c.tokens + tokens,
-                            "cost_pusd": self.spend.c.cost_pusd + pico,
-                        },
-                    )
+                    self.reservations.insert(),
+                    [
+                        {
+                            "request_id": r.request_id,
+                            "at": r.at,
+                            "tenant": r.tenant,
+                            "key_id": r.key_id,
+                            "tokens": r.tokens,
+                            "spend_nusd": r.spend_nano_usd,
+                        }
+                        for r in reserved
+                    ],
+                )
+            if ended:
+                conn.execute(self._end_reservation, [{"ended": request_id} for request_id in ended])
+            if rows:
+                conn.execute(self.rows.insert(), rows)
+                conn.execute(
+                    self._add_spend,
+                    [
+                        {
+                            "tenant": tenant,
+                            "day": day,
+                            "requests": requests,
+                            "tokens": tokens,
+                            "cost_pusd": pico,
+                        }
+                        for (tenant, day), (requests, tokens, pico) in totals.items()
+                    ],
                 )
 
     def report(self, tenant: str, since: float) -> list[UsageRow]:
@@ -194,6 +260,19 @@ class Ledger:
             .where(c.at >= since)
             .group_by(c.tenant, c.key_id, span)
             .order_by(last_at)
+        )
+        with self.engine.connect() as conn:
+            return [
+                RecentUsage(str(tenant), str(key_id), float(at), int(tokens), int(nano))
+                for tenant, key_id, at, tokens, nano in conn.execute(query)
+            ]
+
+    def open_reservations(self, since: float) -> list[RecentUsage]:
+        """Reservations made since `since` and never charged nor released, at their worst case: requests
+        that were forwarded when the gateway stopped, or whose stream ended without a usage."""
+        c = self.reservations.c
+        query = (
+            sa.select(c.tenant, c.key_id, c.at, c.tokens, c.spend_nusd).where(c.at >= since).order_by(c.at)
         )
         with self.engine.connect() as conn:
             return [

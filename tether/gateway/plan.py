@@ -1,6 +1,6 @@
 """What the gateway will do with one request, decided from its body alone: the model and pool, the body
-sent upstream (tier priority, bounded `max_tokens`, usage always streamed) and the tokens and spend to
-reserve. Pure: no I/O, every bad field a `GatewayError` naming it."""
+sent upstream (the engine's model name, tier priority, bounded `max_tokens`, usage always streamed) and
+the tokens and spend to reserve. Pure: no I/O, every bad field a `GatewayError` naming it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ class RequestPlan:
     upstream_body: bytes
     prompt_tokens_bound: int
     output_tokens_bound: int
+    """`max_tokens` x `n`."""
     spend_bound_nano_usd: int
+    n: int
 
     @property
     def tokens_bound(self) -> int:
@@ -35,6 +37,22 @@ class RequestPlan:
 
 def _bad(message: str, param: str | None) -> GatewayError:
     return GatewayError(400, message, "invalid_request", param=param)
+
+
+def _too_deep() -> GatewayError:
+    return GatewayError(
+        400, "the body nests arrays or objects too deeply (a few hundred levels at most)", "invalid_json"
+    )
+
+
+def parse_body(raw: bytes) -> Any:
+    """The request's JSON, or a 400 saying why it is not usable JSON."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as error:
+        raise GatewayError(400, f"the body is not valid JSON: {error}", "invalid_json") from None
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
@@ -46,12 +64,23 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _utf8_bytes(text: str, param: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as error:
+        raise _bad(
+            f"{param}: the text holds a lone UTF-16 surrogate {text[error.start]!r} at index {error.start}, "
+            "which is not valid Unicode; send surrogates only in pairs",
+            param,
+        ) from None
+
+
 def _text_bytes(content: Any) -> int:
     """UTF-8 bytes of a message's content: a string, or a list of `{"type": "text", "text": ...}` parts."""
     if content is None:
         return 0
     if isinstance(content, str):
-        return len(content.encode())
+        return _utf8_bytes(content, "messages")
     if isinstance(content, list):
         return sum(_text_bytes(part.get("text")) if isinstance(part, dict) else 0 for part in content)
     raise _bad(f"messages: content {content!r} must be a string or a list of text parts", "messages")
@@ -69,7 +98,7 @@ def _prompt_bound(kind: Kind, body: dict[str, Any], config: GatewayConfig) -> in
         return estimate.per_request_tokens + estimate.per_message_tokens * len(messages) + text
     prompt = body.get("prompt")
     if isinstance(prompt, str) and prompt:
-        return estimate.per_request_tokens + len(prompt.encode())
+        return estimate.per_request_tokens + _utf8_bytes(prompt, "prompt")
     if (
         isinstance(prompt, list)
         and prompt
@@ -100,7 +129,7 @@ def plan_request(kind: Kind, body: Any, tier: Tier, config: GatewayConfig) -> Re
         else "max_tokens"
     )
     max_tokens = _positive_int(body, name)
-    upstream = dict(body)
+    upstream = dict(body, model=config.upstream_model(model))
     if max_tokens is None:  # bound the output so the reservation bounds the usage
         max_tokens = config.estimate.default_max_tokens
         upstream["max_tokens"] = max_tokens
@@ -119,6 +148,10 @@ def plan_request(kind: Kind, body: Any, tier: Tier, config: GatewayConfig) -> Re
     prompt_bound = _prompt_bound(kind, body, config)
     output_bound = max_tokens * n
     spend = to_nano_usd(worst_case_usd(prompt_bound, output_bound, config.price(model, tier)))
+    try:
+        upstream_body = json.dumps(upstream, separators=(",", ":")).encode()
+    except RecursionError:
+        raise _too_deep() from None
     return RequestPlan(
         kind,
         model,
@@ -126,8 +159,9 @@ def plan_request(kind: Kind, body: Any, tier: Tier, config: GatewayConfig) -> Re
         pool,
         stream,
         client_wants_usage,
-        json.dumps(upstream, separators=(",", ":")).encode(),
+        upstream_body,
         prompt_bound,
         output_bound,
         spend,
+        n,
     )

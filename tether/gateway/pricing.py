@@ -73,3 +73,17 @@ def worst_case_usd(prompt_tokens: int, completion_tokens: int, price: Price) -> 
 def to_nano_usd(amount: Decimal) -> int:
     """Whole nano-dollars, rounded up, for the integer limit counters (the ledger keeps exact decimals)."""
     return math.ceil(amount * NANO_PER_USD)
+
+
+def largest_max_tokens(spend_nano_usd: int, prompt_tokens: int, n: int, price: Price) -> int:
+    """The largest `max_tokens` whose worst case, with `n` choices after a prompt of at most
+    `prompt_tokens`, fits in `spend_nano_usd`; 0 if none does (or output is free, when `max_tokens` is
+    never what does not fit)."""
+    input_price = max(price.input_cache_miss_per_mtok, price.input_cache_hit_per_mtok)
+    room = Decimal(spend_nano_usd) / NANO_PER_USD * MILLION - prompt_tokens * input_price
+    per_token = price.output_per_mtok * n
+    if room < 0 or per_token == 0:
+        return 0
+    fits = int(room / per_token)
+    assert to_nano_usd(worst_case_usd(prompt_tokens, fits * n, price)) <= spend_nano_usd
+    return fits

@@ -28,7 +28,9 @@ def open_stores(config: GatewayConfig) -> tuple[KeyStore, Ledger]:
 
 
 def open_limits(config: GatewayConfig, keys: KeyStore, ledger: Ledger, now: float) -> LimitStore:
-    """Redis keeps shared counters across restarts; in-process ones are rebuilt from the ledger."""
+    """Redis keeps shared counters across restarts; in-process ones are rebuilt from the ledger: its
+    charges at their cost, and the reservations no charge ended (requests a crash cut short) at their
+    worst case, so that no budget can be overshot across restarts."""
     if config.redis_url is not None:
         return RedisLimitStore(config.redis_url, config.redis_prefix)
     store = MemoryLimitStore()
@@ -36,7 +38,7 @@ def open_limits(config: GatewayConfig, keys: KeyStore, ledger: Ledger, now: floa
     tenant_limits = [*config.tenant_limits.values(), config.default_tenant_limits]
     window_s = longest_window_s([*key_limits.values(), *tenant_limits])
     if window_s > 0:
-        usage = ledger.recent_usage(now - window_s)
+        usage = ledger.recent_usage(now - window_s) + ledger.open_reservations(now - window_s)
         store.seed(entries_from_ledger(usage, key_limits, config.tenant, now))
     return store
 
