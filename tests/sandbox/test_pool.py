@@ -8,6 +8,7 @@ import os
 import signal
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +119,26 @@ async def test_output_limit_truncates_and_flags(pool: SandboxPool) -> None:
 async def test_unknown_language_names_the_accepted_ones(pool: SandboxPool) -> None:
     with pytest.raises(ConfigError, match="language 'cobol' is not supported; accepted: bash, c, cpp"):
         await pool.run("DISPLAY 'x'", language="cobol")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"code": "print('\ud800')"}, "code"),
+        ({"code": "print(1)", "stdin": "\udfff"}, "stdin"),
+        ({"code": "print(1)", "files": {"a.txt": "x\ud83d"}}, "files['a.txt']"),
+        ({"code": "print(1)", "files": {"\ud800.txt": "x"}}, "files"),
+        ({"code": "print(1)", "collect": ["\ud800"]}, "collect"),
+    ],
+    ids=["code", "stdin", "file-content", "file-name", "collect"],
+)
+async def test_text_with_a_lone_surrogate_is_refused_naming_the_field(
+    pool: SandboxPool, arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        await pool.run(**arguments)
+    assert str(refused.value).startswith(f"{field} = ") and "lone UTF-16 surrogate" in str(refused.value)
+    assert pool.busy_slots == 0 and pool.workers_replaced == 0
 
 
 async def test_runs_are_concurrent_up_to_the_slots(pool: SandboxPool) -> None:

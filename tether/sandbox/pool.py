@@ -37,7 +37,7 @@ from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, workdir_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 # What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
@@ -105,8 +105,8 @@ class PoolConfig:
         return [*DEFAULT_READONLY, *sorted(prefixes), package, *self.extra_readonly_paths]
 
 
-def _encode(data: str | bytes) -> str:
-    return protocol.b64encode(data.encode() if isinstance(data, str) else data)
+def _encode(data: str | bytes, field: str) -> str:
+    return protocol.b64encode(checked_text(data, field).encode() if isinstance(data, str) else data)
 
 
 class SandboxPool:
@@ -230,8 +230,11 @@ class SandboxPool:
             "PYTHONDONTWRITEBYTECODE": "1",
             **spec.env,
         }
-        all_files = {workdir_path(name, "files"): _encode(content) for name, content in files.items()}
-        all_files[lang.source_file] = _encode(code)
+        all_files = {
+            workdir_path(name, "files"): _encode(content, f"files[{name!r}]")
+            for name, content in files.items()
+        }
+        all_files[lang.source_file] = _encode(code, "code")
 
         def step(
             argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
@@ -239,7 +242,7 @@ class SandboxPool:
             return StepRequest(
                 argv=list(argv),
                 inline_python=inline,
-                stdin_b64=_encode(stdin_data),
+                stdin_b64=_encode(stdin_data, "stdin"),
                 env=env,
                 timeout_s=timeout_s,
                 output_limit_bytes=spec.output_limit_bytes,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
@@ -42,7 +43,7 @@ from tether.sandbox.languages import lookup
 from tether.sandbox.pool import PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, UnicodeText, workdir_path
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
@@ -57,8 +58,16 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.field = status, message, kind, field
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error that quotes a lone surrogate still renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_response(status: int, message: str, kind: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "field": field}}, status_code=status)
+    body = {"error": {"message": message, "type": kind, "field": field}}
+    return AsciiJSONResponse(body, status_code=status)
 
 
 # ---- native schema -------------------------------------------------------------------------------------
@@ -67,17 +76,21 @@ def error_response(status: int, message: str, kind: str, field: str | None = Non
 class SessionRunBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    code: str = Field(description="Program source, UTF-8 text.")
-    language: str = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
-    stdin: str = Field("", description="Standard input, UTF-8 text.")
-    files: dict[str, str] = Field(default_factory=dict, description="Path (relative) -> base64 content.")
-    collect: list[str] = Field(default_factory=list, description="Relative paths to return after the run.")
+    code: UnicodeText = Field(description="Program source, UTF-8 text.")
+    language: UnicodeText = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
+    stdin: UnicodeText = Field("", description="Standard input, UTF-8 text.")
+    files: dict[UnicodeText, str] = Field(
+        default_factory=dict, description="Path (relative) -> base64 content."
+    )
+    collect: list[UnicodeText] = Field(
+        default_factory=list, description="Relative paths to return after the run."
+    )
     spec: dict[str, Any] | None = Field(None, description="SandboxSpec fields overriding the pool's spec.")
 
 
 class RunBody(SessionRunBody):
     warm: bool = Field(True, description="Run Python in a forked, preloaded interpreter.")
-    client: str = Field("", description="Fair-queue identity: clients are served round-robin.")
+    client: UnicodeText = Field("", description="Fair-queue identity: clients are served round-robin.")
 
 
 class SessionOpenBody(BaseModel):
@@ -89,7 +102,7 @@ class SessionOpenBody(BaseModel):
 class UploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    files: dict[str, str] = Field(description="Path (relative) -> base64 content.")
+    files: dict[UnicodeText, str] = Field(description="Path (relative) -> base64 content.")
 
 
 # ---- validation helpers (pure) -------------------------------------------------------------------------
@@ -125,8 +138,11 @@ def override_spec(base: SandboxSpec, overrides: Mapping[str, Any] | None, field:
     try:
         return SandboxSpec.model_validate({**base.model_dump(), **overrides})
     except ValidationError as error:
-        first = ".".join(str(part) for part in error.errors()[0]["loc"])
+        problem = error.errors()[0]
+        first = ".".join(str(part) for part in problem["loc"])
         message = describe_validation_error(error, field)
+        if problem["type"] == "invalid_text":
+            raise ApiError(400, message, "invalid_text", f"{field}.{first}") from None
         raise ApiError(422, message, "invalid_spec", f"{field}.{first}") from None
 
 
@@ -261,6 +277,11 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             sent = request.headers.get("content-type", "none")
             message = f"request body must be a JSON object sent as application/json (content-type: {sent})"
             return error_response(400, message, "invalid_json")
+        # Text that cannot be UTF-8 is a malformed body, like bad JSON, rather than a wrong value.
+        text = [p for p in problems if p.get("type") == "invalid_text"]
+        if text:
+            message, field = describe_request_problems(text)
+            return error_response(400, message, "invalid_text", field)
         message, field = describe_request_problems(problems)
         return error_response(422, message, "validation_error", field)
 
@@ -278,6 +299,13 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
     @app.exception_handler(HTTPException)
     async def on_http(_: Request, error: HTTPException) -> JSONResponse:
+        # FastAPI turns any failure of its JSON parser other than a syntax error into this 400.
+        if isinstance(error.__cause__, RecursionError):
+            message = "request body is not valid JSON: it is nested too deeply to parse"
+            return error_response(400, message, "invalid_json")
+        if isinstance(error.__cause__, UnicodeDecodeError):
+            message = f"request body is not valid JSON: it is not UTF-8 text ({error.__cause__.reason})"
+            return error_response(400, message, "invalid_json")
         return error_response(error.status_code, str(error.detail), "http_error")
 
     @app.post("/run_code", response_model=FusionRunResponse, tags=["sandboxfusion"])

@@ -19,7 +19,7 @@ from tether.errors import TetherError
 from tether.sandbox import protocol
 from tether.sandbox.protocol import RunRequest
 from tether.sandbox.result import RunResult
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, workdir_path
 from tether.sandbox.worker import Worker
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class SandboxSession:
             disk_mib=self.spec.disk_mib,
             files={
                 workdir_path(name, "files"): protocol.b64encode(
-                    data.encode() if isinstance(data, str) else data
+                    checked_text(data, f"files[{name!r}]").encode() if isinstance(data, str) else data
                 )
                 for name, data in files.items()
             },
