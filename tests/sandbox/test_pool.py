@@ -179,6 +179,8 @@ async def test_pool_refuses_bad_config() -> None:
         PoolConfig(slots=0)
     with pytest.raises(ConfigError, match="host_uid_base = 0"):
         PoolConfig(host_uid_base=0)
+    with pytest.raises(ConfigError, match="session_wait_s = 0: must be positive"):
+        PoolConfig(session_wait_s=0)
 
 
 def _outcome(**changes: object) -> StepOutcome:

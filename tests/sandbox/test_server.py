@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tether.sandbox import RunResult, RunStatus, SandboxPool
+from tether.sandbox import PoolConfig, RunResult, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.fusion import FusionCommandStatus, FusionRunStatus, to_fusion
 from tether.sandbox.result import CompileOutput, RunStage
 from tether.sandbox.server import create_app
@@ -375,7 +376,7 @@ async def test_concurrent_runs_in_one_session_are_serialized(client: httpx.Async
 async def test_healthz_is_200_when_a_trivial_run_passes(client: httpx.AsyncClient) -> None:
     response = await client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    assert response.json() == {"status": "ok", "slots": 2, "open_sessions": 0, "running": 0, "queue_depth": 0}
 
 
 async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -> None:
@@ -387,11 +388,39 @@ async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -
             assert response.status_code == 503
             assert response.json()["status"] == "unhealthy"
             assert "0.3 s" in response.json()["reasons"][0]
+            assert "2 of 2 slots held by open sessions" in response.json()["reasons"][0]
+            assert response.json()["open_sessions"] == response.json()["slots"] == 2
         finally:
             for session in sessions:
                 await http.delete(f"/v1/sessions/{session}")
         assert (await http.get("/healthz")).status_code == 200
         assert pool.queue_depth == 0 and pool.busy_slots == 0
+
+
+async def test_session_open_with_every_slot_held_by_sessions_is_a_503_with_retry_after() -> None:
+    config = PoolConfig(slots=1, session_wait_s=0.3)
+    async with SandboxPool(SandboxSpec(timeout_s=5), config) as pool:
+        transport = httpx.ASGITransport(app=create_app(pool))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
+            held = (await http.post("/v1/sessions")).json()["id"]
+            started = time.monotonic()
+            refused = await asyncio.wait_for(http.post("/v1/sessions"), 5)
+            waited = time.monotonic() - started
+            health = (await http.get("/healthz")).json()
+            text = (await http.get("/metrics")).text
+            await http.delete(f"/v1/sessions/{held}")
+            reopened = await asyncio.wait_for(http.post("/v1/sessions"), 5)
+            await http.delete(f"/v1/sessions/{reopened.json()['id']}")
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert 0.3 <= waited < 2
+    error = refused.json()["error"]
+    assert error["type"] == "no_free_slot"
+    assert "within 0.3 s" in error["message"] and "1 of 1 slots held by open sessions" in error["message"]
+    assert health["open_sessions"] == health["slots"] == 1
+    assert metric(text, "tether_sandbox_open_sessions") == 1
+    assert metric(text, "tether_sandbox_sessions_refused_total") == 1
+    assert reopened.status_code == 201
+    assert pool.queue_depth == 0
 
 
 def metric(text: str, name: str) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TetherError
 from tether.sandbox import protocol
 from tether.sandbox.cgroups import (
     CgroupLayout,
@@ -66,6 +67,14 @@ class SandboxUnavailable(RuntimeError):
     """The kernel lacks an isolation primitive and the pool was not started with insecure=True."""
 
 
+class NoFreeSlot(TetherError):
+    """No slot freed up within the wait for a new session; `retry_after_s` is when to try again."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     """How the pool runs its workers. Limits of each run live in `SandboxSpec`."""
@@ -81,6 +90,7 @@ class PoolConfig:
     max_runs_per_worker: int = 5000
     worker_start_timeout_s: float = 30.0
     session_idle_timeout_s: float = 600.0
+    session_wait_s: float = 10.0  # how long opening a session waits for a free slot before NoFreeSlot
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 1024:
@@ -89,6 +99,8 @@ class PoolConfig:
             raise ConfigError(f"run_uid = {self.run_uid!r}: must be between 1 and 65535")
         if self.session_idle_timeout_s <= 0:
             raise ConfigError(f"session_idle_timeout_s = {self.session_idle_timeout_s!r}: must be positive")
+        if self.session_wait_s <= 0:
+            raise ConfigError(f"session_wait_s = {self.session_wait_s!r}: must be positive")
         if self.host_uid_base < 65536:
             raise ConfigError(
                 f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
@@ -131,6 +143,7 @@ class SandboxPool:
         self.status_counts: dict[RunStatus, int] = dict.fromkeys(RunStatus, 0)
         self.qc_failures = 0
         self.workers_replaced = 0
+        self.sessions_refused = 0
         self.sessions: dict[str, SandboxSession] = {}
 
     async def __aenter__(self) -> SandboxPool:
@@ -147,6 +160,14 @@ class SandboxPool:
     @property
     def busy_slots(self) -> int:
         return self.config.slots - self._queue.free_slots
+
+    def describe_slots(self) -> str:
+        """Who holds the slots, for messages: `2 of 2 slots held by open sessions, 0 by runs`."""
+        sessions = len(self.sessions)
+        return (
+            f"{sessions} of {self.config.slots} slots held by open sessions, "
+            f"{self.busy_slots - sessions} by runs, {self.queue_depth} runs waiting"
+        )
 
     async def start(self) -> None:
         self.layout = system_layout()
@@ -290,8 +311,22 @@ class SandboxPool:
         return result
 
     async def open_session(self, spec: SandboxSpec | None = None, client: str = "") -> SandboxSession:
-        """A sandbox whose working directory persists across runs; it holds one slot until closed."""
-        await self._queue.acquire(client)
+        """A sandbox whose working directory persists across runs; it holds one slot until closed.
+
+        Waits up to `config.session_wait_s` for a free slot, then raises NoFreeSlot: sessions hold their
+        slots until closed or idle, so an unbounded wait could last as long as the longest session.
+        """
+        wait_s = self.config.session_wait_s
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._queue.acquire(client)
+        except TimeoutError:
+            self.sessions_refused += 1
+            raise NoFreeSlot(
+                f"no sandbox slot freed up within {wait_s:g} s: {self.describe_slots()}; "
+                "close a session or retry later",
+                retry_after_s=max(1, math.ceil(wait_s)),
+            ) from None
         session = SandboxSession(self, self._idle.pop(), spec or self.spec)
         self.sessions[session.id] = session
         return session

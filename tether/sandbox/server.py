@@ -2,12 +2,12 @@
 
     POST /run_code                       SandboxFusion's request and response, field for field
     POST /v1/run                         native: RunBody -> RunResult
-    POST /v1/sessions                    {"spec"?: {...}} -> 201 {"id": ...}
+    POST /v1/sessions                    {"spec"?: {...}} -> 201 {"id": ...}; 503 + Retry-After when full
     POST /v1/sessions/{id}/run           SessionRunBody -> RunResult
     PUT  /v1/sessions/{id}/files         {"files": {path: base64}} -> 204
     GET  /v1/sessions/{id}/files?path=a&path=b   -> {"files": {path: base64}}; any missing path -> 404
     DELETE /v1/sessions/{id}             -> 204
-    GET  /healthz                        one trivial run through the pool: 200 or 503
+    GET  /healthz                        one trivial run through the pool: 200 or 503, with slot usage
     GET  /metrics                        Prometheus text, from a registry owned by this app
 
 Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 from tether.errors import ConfigError, TetherError, describe_validation_error
 from tether.sandbox.fusion import FusionRunRequest, FusionRunResponse, FusionRunStatus, to_fusion
 from tether.sandbox.languages import lookup
-from tether.sandbox.pool import PoolConfig, SandboxPool
+from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
 from tether.sandbox.spec import SandboxSpec, UnicodeText, workdir_path
@@ -199,7 +199,14 @@ class PoolCollector(Collector):
             "tether_sandbox_busy_slots", "Slots running or holding a session.", pool.busy_slots
         )
         yield GaugeMetricFamily("tether_sandbox_slots", "Slots (workers) of the pool.", pool.config.slots)
-        yield GaugeMetricFamily("tether_sandbox_open_sessions", "Sessions open.", len(pool.sessions))
+        yield GaugeMetricFamily(
+            "tether_sandbox_open_sessions", "Sessions open; each holds one slot.", len(pool.sessions)
+        )
+        yield CounterMetricFamily(
+            "tether_sandbox_sessions_refused",
+            "Session opens answered 503 because no slot freed up in time.",
+            pool.sessions_refused,
+        )
         yield CounterMetricFamily(
             "tether_sandbox_qc_failures", "Runs that failed the quality check.", pool.qc_failures
         )
@@ -288,6 +295,12 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     @app.exception_handler(SessionClosed)
     async def on_session_closed(_: Request, error: SessionClosed) -> JSONResponse:
         return error_response(404, str(error), "session_not_found", "id")
+
+    @app.exception_handler(NoFreeSlot)
+    async def on_no_free_slot(_: Request, error: NoFreeSlot) -> JSONResponse:
+        response = error_response(503, str(error), "no_free_slot")
+        response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
 
     @app.exception_handler(ConfigError)
     async def on_config_error(_: Request, error: ConfigError) -> JSONResponse:
@@ -381,17 +394,26 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
         await pool.get_session(session_id).close()
         return Response(status_code=204)
 
+    def slot_usage() -> dict[str, int]:
+        sessions = len(pool.sessions)
+        return {
+            "slots": pool.config.slots,
+            "open_sessions": sessions,
+            "running": pool.busy_slots - sessions,
+            "queue_depth": pool.queue_depth,
+        }
+
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
         try:
             report = await asyncio.wait_for(pool.health(), health_timeout_s)
         except TimeoutError:
-            reasons = [f"no health run finished within {health_timeout_s:g} s"]
-            return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+            reasons = [f"no health run finished within {health_timeout_s:g} s ({pool.describe_slots()})"]
+            return JSONResponse({"status": "unhealthy", "reasons": reasons, **slot_usage()}, status_code=503)
         if report.passed:
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "ok", **slot_usage()})
         reasons = report.reasons or ["the health run did not print 'ok' and exit cleanly"]
-        return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "unhealthy", "reasons": reasons, **slot_usage()}, status_code=503)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics_text() -> Response:
