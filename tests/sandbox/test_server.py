@@ -153,6 +153,105 @@ async def test_run_code_ignores_unknown_fields_and_null_files_like_sandboxfusion
     assert response.json()["run_result"]["stdout"] == "['kept.txt', 'main.py']\n"
 
 
+async def test_run_code_fetches_absolute_paths_as_sandboxfusions_own_test_does(
+    client: httpx.AsyncClient,
+) -> None:
+    # SandboxFusion's sandbox/tests/runners/test_python.py::test_python_fetch_files, field for field.
+    request = {
+        "language": "python",
+        "code": 'open("a.txt", "w").write("secret"); open("/mnt/b", "w").write("sauce");',
+        "run_timeout": 5,
+        "fetch_files": ["a.txt", "/mnt/b"],
+    }
+    response = await client.post("/run_code", json=request)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "Success"
+    assert body["files"] == {"a.txt": b64(b"secret"), "/mnt/b": b64(b"sauce")}
+
+
+async def test_run_code_uploads_to_absolute_paths_in_the_writable_roots(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "print(open('/tmp/flag.txt').read(), open('/mnt/data/in.txt').read(), open('here.txt').read())\n"
+        "open('/tmp/out/result.txt', 'w').write(str(sorted(os.listdir('.'))))"
+    )
+    request = {
+        "code": code,
+        "language": "python",
+        "files": {
+            "/tmp/flag.txt": b64(b"flag"),
+            "/mnt/data/in.txt": b64(b"data"),
+            "/workspace/here.txt": b64(b"here"),
+            "/tmp/out/keep": b64(b""),
+        },
+        "fetch_files": ["/tmp/out/result.txt", "/workspace/here.txt", "/tmp/flag.txt"],
+    }
+    response = await client.post("/run_code", json=request)
+    body = response.json()
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "flag data here\n"
+    assert body["files"] == {
+        "/tmp/out/result.txt": b64(b"['here.txt', 'main.py']"),
+        "/workspace/here.txt": b64(b"here"),
+        "/tmp/flag.txt": b64(b"flag"),
+    }
+
+
+ESCAPING_PATHS = [
+    "/etc/passwd",
+    "/proc/self/environ",
+    "/proc/1/root/etc/shadow",
+    "/tmp/../etc/passwd",
+    "/mnt/../../etc/passwd",
+    "/workspace/../etc/passwd",
+    "//tmp/x",
+    "/.staging/x",
+    "/.program/main.py",
+    "/dev/null",
+    "/tmp",
+    "../x",
+    "a/../../x",
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "field"),
+    [("/run_code", "files"), ("/run_code", "fetch_files"), ("/v1/run", "files"), ("/v1/run", "collect")],
+)
+async def test_paths_that_would_escape_the_writable_roots_are_a_422_naming_them(
+    client: httpx.AsyncClient, route: str, field: str
+) -> None:
+    for path in ESCAPING_PATHS:  # one pool for all of them: each is refused before a slot is taken
+        body: dict[str, Any] = {"code": "print('NEVER_RUN')", "language": "python"}
+        body[field] = {path: b64(b"x")} if field == "files" else [path]
+        response = await client.post(route, json=body)
+        assert response.status_code == 422, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_path" and error["field"] == field, (path, error)
+        assert repr(path) in error["message"] and "/tmp, /dev/shm, /mnt" in error["message"], (path, error)
+
+
+async def test_session_files_go_to_and_come_from_absolute_paths(client: httpx.AsyncClient) -> None:
+    session = (await client.post("/v1/sessions")).json()["id"]
+    try:
+        files = {"/tmp/in.txt": b64(b"one"), "/mnt/in.txt": b64(b"two")}
+        assert (await client.put(f"/v1/sessions/{session}/files", json={"files": files})).status_code == 204
+        run = await client.post(
+            f"/v1/sessions/{session}/run",
+            json={"code": "cat /tmp/in.txt /mnt/in.txt > /mnt/out.txt", "language": "bash"},
+        )
+        assert run.json()["status"] == "ok"
+        got = await client.get(
+            f"/v1/sessions/{session}/files", params={"path": ["/mnt/out.txt", "/tmp/in.txt"]}
+        )
+        assert got.json() == {"files": {"/mnt/out.txt": b64(b"onetwo"), "/tmp/in.txt": b64(b"one")}}
+        escape = await client.get(f"/v1/sessions/{session}/files", params={"path": "/etc/passwd"})
+        assert escape.status_code == 422 and "'/etc/passwd'" in escape.json()["error"]["message"]
+    finally:
+        await client.delete(f"/v1/sessions/{session}")
+
+
 async def test_run_code_reports_the_pod_name_from_the_environment(
     pool: SandboxPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,12 +33,13 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
+from tether.sandbox.paths import PROGRAM_DIR
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec, checked_text, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 # What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
@@ -240,8 +241,16 @@ class SandboxPool:
         dir_id: str | None = None,
         keep_dir: bool = False,
     ) -> tuple[RunRequest, bool]:
-        """The worker request for one run (pure): source file, compile step if any, run step."""
+        """The worker request for one run (pure): source file, compile step if any, run step.
+
+        A one-shot run's program is written into its working directory, where SandboxFusion puts it too
+        (so relative imports, includes and `__file__` behave as there); a kept directory (a session's)
+        belongs to its user, so the program goes to PROGRAM_DIR instead and never overwrites their files.
+        """
         lang = lookup(self.languages, language)
+        program = {lang.source_file: _encode(code, "code")}
+        if keep_dir:
+            lang = lang.placed_in(PROGRAM_DIR)
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.config.workdir,
@@ -252,10 +261,9 @@ class SandboxPool:
             **spec.env,
         }
         all_files = {
-            workdir_path(name, "files"): _encode(content, f"files[{name!r}]")
+            sandbox_path(name, "files", self.config.workdir): _encode(content, f"files[{name!r}]")
             for name, content in files.items()
         }
-        all_files[lang.source_file] = _encode(code, "code")
 
         def step(
             argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
@@ -275,13 +283,14 @@ class SandboxPool:
         steps = []
         if lang.compile_argv is not None:
             steps.append(step(lang.compile_argv, spec.compile_timeout_s))
-        inline = f"{self.config.workdir}/{lang.source_file}" if lang.warm_python and warm else None
+        inline = os.path.join(self.config.workdir, lang.source_file) if lang.warm_python and warm else None
         steps.append(step(lang.run_argv, spec.timeout_s, inline, stdin))
         request = RunRequest(
             dir_id=dir_id or f"r{next(self._run_ids)}",
             disk_mib=spec.disk_mib,
-            files=all_files,
+            files=all_files if keep_dir else {**all_files, **program},
             steps=steps,
+            program=program if keep_dir else {},
             keep_dir=keep_dir,
         )
         return request, lang.compile_argv is not None
@@ -300,7 +309,7 @@ class SandboxPool:
         """Run one program in a fresh isolated environment and return its classified result."""
         spec = spec or self.spec
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
-        request.collect = [workdir_path(path, "collect") for path in collect]
+        request.collect = [sandbox_path(path, "collect", self.config.workdir) for path in collect]
         await self._queue.acquire(client)
         worker = self._idle.pop()
         keep = False

@@ -11,8 +11,9 @@
     GET  /metrics                        Prometheus text, from a registry owned by this app
 
 Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
-value. Code and stdin travel as UTF-8 text, files as base64. The pool knows nothing of HTTP and this
-module knows nothing of isolation; it validates, converts and counts.
+value. Code and stdin travel as UTF-8 text, files as base64; a file path is relative to the working
+directory or absolute under one of the run's writable roots (`paths.py`), as in SandboxFusion. The
+pool knows nothing of HTTP and this module knows nothing of isolation; it validates, converts and counts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tether.sandbox.languages import lookup
 from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
-from tether.sandbox.spec import SandboxSpec, UnicodeText, workdir_path
+from tether.sandbox.spec import SandboxSpec, UnicodeText, sandbox_path
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
@@ -80,10 +81,11 @@ class SessionRunBody(BaseModel):
     language: UnicodeText = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
     stdin: UnicodeText = Field("", description="Standard input, UTF-8 text.")
     files: dict[UnicodeText, str] = Field(
-        default_factory=dict, description="Path (relative) -> base64 content."
+        default_factory=dict, description="Path (relative, or under /tmp, /mnt, ...) -> base64 content."
     )
     collect: list[UnicodeText] = Field(
-        default_factory=list, description="Relative paths to return after the run."
+        default_factory=list,
+        description="Paths (relative, or under /tmp, /mnt, ...) to return after the run.",
     )
     spec: dict[str, Any] | None = Field(None, description="SandboxSpec fields overriding the pool's spec.")
 
@@ -102,25 +104,27 @@ class SessionOpenBody(BaseModel):
 class UploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    files: dict[UnicodeText, str] = Field(description="Path (relative) -> base64 content.")
+    files: dict[UnicodeText, str] = Field(
+        description="Path (relative, or under /tmp, /mnt, ...) -> base64 content."
+    )
 
 
 # ---- validation helpers (pure) -------------------------------------------------------------------------
 
 
-def check_path(path: str, field: str) -> str:
-    """A file path must name something inside the working directory: relative, without `..` escapes."""
+def check_path(path: str, field: str, workdir: str) -> str:
+    """A file path must name something a run may write: relative to its workdir or under a writable root."""
     try:
-        return workdir_path(path, field)
+        return sandbox_path(path, field, workdir)
     except ConfigError as error:
         raise ApiError(422, str(error), "invalid_path", field) from None
 
 
-def decode_files(files: Mapping[str, str | None], field: str) -> dict[str, bytes]:
+def decode_files(files: Mapping[str, str | None], field: str, workdir: str) -> dict[str, bytes]:
     """Base64 values to bytes, naming the first bad entry. `None` values are skipped (SandboxFusion does)."""
     decoded = {}
     for path, content in files.items():
-        check_path(path, field)
+        check_path(path, field, workdir)
         if content is None:
             continue
         try:
@@ -255,6 +259,7 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     app = FastAPI(title="tether sandbox", lifespan=lifespan)
     metrics = ServerMetrics(pool)
     pod_name = os.environ.get("MY_POD_NAME")
+    workdir = pool.config.workdir
     app.state.pool, app.state.metrics = pool, metrics
 
     def canonical(language: str) -> str:
@@ -333,8 +338,8 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             )
         language = FUSION_LANGUAGES[body.language]
         spec = fusion_spec(pool.spec, body)
-        files = decode_files(body.files, "files")
-        fetch = [check_path(path, "fetch_files") for path in body.fetch_files]
+        files = decode_files(body.files, "files", workdir)
+        fetch = [check_path(path, "fetch_files", workdir) for path in body.fetch_files]
         try:
             result = await timed(
                 language, pool.run(body.code, language, body.stdin or "", files, fetch, spec=spec)
@@ -350,8 +355,8 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     async def run(body: RunBody) -> RunResult:
         language = canonical(body.language)
         spec = override_spec(pool.spec, body.spec)
-        files = decode_files(body.files, "files")
-        collect = [check_path(path, "collect") for path in body.collect]
+        files = decode_files(body.files, "files", workdir)
+        collect = [check_path(path, "collect", workdir) for path in body.collect]
         return await timed(
             language,
             pool.run(
@@ -368,21 +373,21 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     @app.post("/v1/sessions/{session_id}/run", response_model=RunResult, tags=["native"])
     async def session_run(session_id: str, body: SessionRunBody) -> RunResult:
         language = canonical(body.language)
-        files = decode_files(body.files, "files")
-        collect = [check_path(path, "collect") for path in body.collect]
+        files = decode_files(body.files, "files", workdir)
+        collect = [check_path(path, "collect", workdir) for path in body.collect]
         session = pool.get_session(session_id)
         spec = override_spec(session.spec, body.spec)
         return await timed(language, session.run(body.code, language, body.stdin, files, collect, spec))
 
     @app.put("/v1/sessions/{session_id}/files", status_code=204, tags=["native"])
     async def upload(session_id: str, body: UploadBody) -> Response:
-        files = decode_files(body.files, "files")
+        files = decode_files(body.files, "files", workdir)
         await pool.get_session(session_id).upload(files)
         return Response(status_code=204)
 
     @app.get("/v1/sessions/{session_id}/files", tags=["native"])
     async def download(session_id: str, path: list[str] = Query(min_length=1)) -> dict[str, dict[str, str]]:
-        paths = [check_path(p, "path") for p in path]
+        paths = [check_path(p, "path", workdir) for p in path]
         try:
             files = await pool.get_session(session_id).download(paths)
         except FileNotFoundError as error:

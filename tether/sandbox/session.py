@@ -19,7 +19,7 @@ from tether.errors import TetherError
 from tether.sandbox import protocol
 from tether.sandbox.protocol import RunRequest
 from tether.sandbox.result import RunResult
-from tether.sandbox.spec import SandboxSpec, checked_text, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import Worker
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class SandboxSession:
         request, compiled = self.pool.build_request(
             code, language, stdin, files or {}, spec or self.spec, dir_id=self.id, keep_dir=True
         )
-        request.collect = [workdir_path(path, "collect") for path in collect]
+        request.collect = [sandbox_path(path, "collect", self.pool.config.workdir) for path in collect]
         async with self._lock:
             worker = self._require_worker()
             result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
@@ -84,7 +84,7 @@ class SandboxSession:
             dir_id=self.id,
             disk_mib=self.spec.disk_mib,
             files={
-                workdir_path(name, "files"): protocol.b64encode(
+                sandbox_path(name, "files", self.pool.config.workdir): protocol.b64encode(
                     checked_text(data, f"files[{name!r}]").encode() if isinstance(data, str) else data
                 )
                 for name, data in files.items()
@@ -99,7 +99,7 @@ class SandboxSession:
 
     async def download(self, paths: Sequence[str]) -> dict[str, bytes]:
         """Read files from the session's working directory; missing ones raise FileNotFoundError."""
-        checked = [workdir_path(path, "paths") for path in paths]
+        checked = [sandbox_path(path, "paths", self.pool.config.workdir) for path in paths]
         async with self._lock:
             files, missing = await self._require_worker().download(self.id, checked)
         if missing:

@@ -6,7 +6,6 @@ errors that name the key, the value and what is accepted.
 
 from __future__ import annotations
 
-import posixpath
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from tether.errors import ConfigError, describe_validation_error
+from tether.sandbox.paths import locate
 
 
 def unicode_problem(text: str) -> str | None:
@@ -98,14 +98,13 @@ def checked_text(text: str, field: str) -> str:
     return text
 
 
-def workdir_path(path: str, field: str) -> str:
-    """A path a caller names inside the run's working directory: relative, no `..` escape, no NUL."""
+def sandbox_path(path: str, field: str, workdir: str) -> str:
+    """`path` if it names a file a run may write (see `paths.locate`), else a ConfigError naming it."""
     checked_text(path, field)
-    normal = posixpath.normpath(path) if path else ""
-    if not path or path.startswith("/") or "\0" in path or normal == "." or normal.split("/")[0] == "..":
-        raise ConfigError(
-            f"{field}: path {path!r} must be relative to the working directory and stay inside it"
-        )
+    try:
+        locate(path, workdir)
+    except ValueError as error:
+        raise ConfigError(f"{field}: {error}") from None
     return path
 
 
