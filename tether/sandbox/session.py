@@ -2,9 +2,11 @@
 
 A session holds one worker and one slot of its pool for its whole life; its calls are serialised,
 since the worker's control channel carries one exchange at a time. Each `run` is still a fresh
-process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp)
-persists. Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the
-worker and hands it back.
+process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp,
+/dev/shm, /mnt) persists. The workdir is the caller's alone: each run's program is written to
+PROGRAM_DIR (`paths.py`), replaced by the next, and the workdir comes first on Python's import path.
+Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the worker and
+hands it back.
 """
 
 from __future__ import annotations
