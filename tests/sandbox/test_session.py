@@ -93,6 +93,7 @@ LIST_WORKDIR = "import os\nprint(sorted(os.listdir('.')))"
         ("bash", "ls -A"),
         ("c", '#include <stdio.h>\nint main(void) { puts("c ran"); return 0; }'),
     ],
+    ids=["python", "bash", "c"],
 )
 async def test_an_agents_own_main_py_survives_a_tool_call(
     pool: SandboxPool, language: str, code: str
