@@ -81,7 +81,7 @@ def _run_warm_python(script: str, env: dict[str, str], finalize: bool = True) ->
     sys.modules["__main__"] = main
     exit_code = 0
     try:
-        with open(script, encoding="utf-8") as handle:
+        with open(script, "rb") as handle:  # bytes: compile() honours a coding declaration, as python does
             source = handle.read()
         exec(compile(source, script, "exec"), main.__dict__)
     except SystemExit as stop:
