@@ -181,6 +181,10 @@ async def test_pool_refuses_bad_config() -> None:
         PoolConfig(host_uid_base=0)
     with pytest.raises(ConfigError, match="session_wait_s = 0: must be positive"):
         PoolConfig(session_wait_s=0)
+    for workdir in ("work", "/", "/tmp", "/tmp/work", "/mnt/data", "/dev", "/.program", "/.staging/x", "//"):
+        with pytest.raises(ConfigError, match=f"workdir = {workdir!r}: must be an absolute path"):
+            PoolConfig(workdir=workdir)
+    assert PoolConfig(workdir="/home/sandbox").workdir == "/home/sandbox"
 
 
 def _outcome(**changes: object) -> StepOutcome:

@@ -49,12 +49,3 @@ def locate(path: str, workdir: str) -> RunPath:
     if normal in (".", "..") or normal.startswith("../"):
         raise ValueError(f"path {path!r} leaves the working directory: it must be {accepted}")
     return RunPath(WORK_FOLDER, normal)
-
-
-def overlaps_reserved(directory: str) -> bool:
-    """Whether `directory` (a candidate workdir) is, holds or lies in a root a run already has."""
-    reserved = (*FIXED_ROOTS, "/dev", "/proc", PROGRAM_DIR)
-    normal = posixpath.normpath(directory)
-    return normal == "/" or any(
-        normal == root or normal.startswith(root + "/") or root.startswith(normal + "/") for root in reserved
-    )

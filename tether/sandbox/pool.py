@@ -33,10 +33,11 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
-from tether.sandbox.paths import PROGRAM_DIR
+from tether.sandbox.paths import FIXED_ROOTS, PROGRAM_DIR
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
+from tether.sandbox.rootfs import ALIAS_ROOT, STAGING
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
@@ -106,9 +107,15 @@ class PoolConfig:
             raise ConfigError(
                 f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
             )
-        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
+        reserved = (*FIXED_ROOTS, "/dev", "/proc", PROGRAM_DIR, STAGING, ALIAS_ROOT)
+        normal = "/" + os.path.normpath(self.workdir).lstrip("/")  # '//tmp' is /tmp too
+        if not self.workdir.startswith("/") or any(
+            normal in ("/", root) or normal.startswith(root + "/") or root.startswith(normal + "/")
+            for root in reserved
+        ):
             raise ConfigError(
-                f"workdir = {self.workdir!r}: must be an absolute path outside /tmp, /proc, /dev"
+                f"workdir = {self.workdir!r}: must be an absolute path that neither holds nor lies in "
+                f"{', '.join(reserved)}"
             )
 
     def readonly_paths(self) -> list[str]:
