@@ -759,7 +759,7 @@ ATTACKS: list[Attack] = [
         "python",
         """
         import os, sys, sysconfig
-        name, writable = "@NAME@", ("/workspace", "/tmp", "/dev/shm")
+        name, writable = "@NAME@", ("/workspace", "/tmp", "/dev/shm", "/mnt")
         tried = 0
         def try_create(directory):
             global tried
@@ -1735,7 +1735,8 @@ async def test_concurrent_run_cannot_find_another_runs_files() -> None:
     owner = program(
         """
         import socket, time
-        for path in ("/workspace/concurrent-secret", "/tmp/concurrent-secret", "/dev/shm/concurrent-secret"):
+        for path in ("/workspace/concurrent-secret", "/tmp/concurrent-secret", "/dev/shm/concurrent-secret",
+                     "/mnt/concurrent-secret"):
             with open(path, "w") as handle:
                 handle.write("@SECRET@")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1764,7 +1765,7 @@ async def test_concurrent_run_cannot_find_another_runs_files() -> None:
                     # Contents of every writable file: read-only re-binds (a checkout under /tmp) hold no
                     # run's data and may be large.
                     writable = not os.statvfs(directory).f_flag & os.ST_RDONLY
-                    if writable and directory.startswith(("/workspace", "/tmp", "/dev/shm")):
+                    if writable and directory.startswith(("/workspace", "/tmp", "/dev/shm", "/mnt")):
                         with open(path, "rb") as handle:
                             found += [m.decode() for m in pattern.findall(handle.read())]
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
@@ -1800,7 +1801,7 @@ async def test_nothing_of_a_run_is_left_for_the_next() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         text = sys.stdin.read() + open("given.txt").read()
         print(text)  # the token reaches stdout too
-        for path in ("/workspace/left", "/tmp/left", "/dev/shm/left"):
+        for path in ("/workspace/left", "/tmp/left", "/dev/shm/left", "/mnt/left"):
             with open(path, "w") as handle:
                 handle.write(text)
         print("CREATED files")
@@ -1828,8 +1829,8 @@ async def test_nothing_of_a_run_is_left_for_the_next() -> None:
         import builtins, ctypes, json, os, socket, sys
         libc = ctypes.CDLL(None, use_errno=True)
         kept = sys.stdin.read()
-        left = [p for p in ("/workspace/left", "/tmp/left", "/dev/shm/left", "/workspace/given.txt")
-                if os.path.exists(p)]
+        left = [p for p in ("/workspace/left", "/tmp/left", "/dev/shm/left", "/mnt/left",
+                            "/workspace/given.txt") if os.path.exists(p)]
         print("POLLUTED files", left) if left else print("CLEAN files")
         for label, result in [("shm", libc.shmget(0x7E7E01, 0, 0)), ("msg", libc.msgget(0x7E7E02, 0)),
                               ("sem", libc.semget(0x7E7E03, 0, 0)),
@@ -1878,15 +1879,18 @@ async def test_nothing_of_a_run_is_left_for_the_next() -> None:
 # ---------------------------------------------------------------- files in and out
 
 
+@pytest.mark.parametrize("root", [".", "/workspace", "/tmp", "/mnt", "/dev/shm"])
 async def test_collected_symlinks_do_not_leak_host_files(
-    planted_secrets: PlantedSecrets, monkeypatch: pytest.MonkeyPatch
+    planted_secrets: PlantedSecrets, monkeypatch: pytest.MonkeyPatch, root: str
 ) -> None:
+    """Links planted in any writable root, collected by relative or absolute path, never reach the host."""
     env_secret = f"TETHER-SECRET-{secrets.token_hex(8)}"
     monkeypatch.setenv("TETHER_TEST_SECRET", env_secret)
     etc_secret = planted_secrets.paths["etc"]
     code = program(
         """
         import os
+        os.chdir("@ROOT@")
         links = {"shadow": "/etc/shadow", "secret": "@ETC_SECRET@", "etc": "/etc", "up": "../../../..",
                  "proc": "/proc", "staging": "/.staging", "root": "/", "loop": "loop"}
         for name, target in links.items():
@@ -1895,8 +1899,9 @@ async def test_collected_symlinks_do_not_leak_host_files(
         print("LINKED", len(links))
         """,
         ETC_SECRET=etc_secret,
+        ROOT=root,
     )
-    collect = [
+    names = [
         "shadow",
         "secret",
         f"etc/{etc_secret.name}",
@@ -1911,6 +1916,7 @@ async def test_collected_symlinks_do_not_leak_host_files(
         "loop",
         "fifo",
     ]
+    collect = names if root == "." else [f"{root}/{name}" for name in names]
     async with open_sandbox() as sandbox:
         result = await sandbox.run(code, collect=collect)
     assert result.status is RunStatus.OK and "LINKED 8" in result.stdout, describe(result)
@@ -1918,7 +1924,7 @@ async def test_collected_symlinks_do_not_leak_host_files(
     for secret in (*planted_secrets.contents.values(), env_secret):
         if secret != planted_secrets.contents["public"]:
             assert secret not in collected
-    # Only files inside the workdir come back: not even world-readable host files through a symlink.
+    # Only files inside the run's own roots come back: not even world-readable host files through a link.
     assert result.files == {}, sorted(result.files)
     assert sorted(result.missing_files) == sorted(collect)
 
@@ -1927,12 +1933,21 @@ async def test_collected_symlinks_do_not_leak_host_files(
     "name",
     [
         f"../{ESCAPE_NAME}",
-        f"/tmp/{ESCAPE_NAME}",
         f"sub/../../{ESCAPE_NAME}",
         f"a/b/../../../../../../etc/{ESCAPE_NAME}",
+        f"/etc/{ESCAPE_NAME}",
+        f"/tmp/../etc/{ESCAPE_NAME}",
+        f"/mnt/../../etc/{ESCAPE_NAME}",
+        f"/workspace/../{ESCAPE_NAME}",
+        f"//tmp/{ESCAPE_NAME}",
+        f"/proc/self/{ESCAPE_NAME}",
+        f"/.staging/{ESCAPE_NAME}",
+        f"/.program/{ESCAPE_NAME}",
+        f"/dev/{ESCAPE_NAME}",
+        "/tmp",
     ],
 )
-async def test_uploaded_files_cannot_escape_the_workdir(name: str) -> None:
+async def test_uploaded_files_cannot_escape_the_writable_roots(name: str) -> None:
     async with open_sandbox() as sandbox:
         with pytest.raises(ConfigError) as refused:
             await sandbox.pool.run("print('NEVER_RUN')", files={name: "pwned"})
@@ -1961,15 +1976,30 @@ async def test_uploaded_files_cannot_escape_the_workdir(name: str) -> None:
     assert host_escape_files(("/tmp",)) == []
 
 
-@pytest.mark.parametrize("name", ["staging/owned", "up/owned", "zygote/comm", "file_link"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "staging/owned",
+        "up/owned",
+        "zygote/comm",
+        "file_link",
+        "/workspace/up/owned",
+        "/tmp/staging/owned",
+        "/tmp/up/owned",
+        "/mnt/zygote/comm",
+        "/mnt/file_link",
+        "/dev/shm/up/owned",
+    ],
+)
 async def test_session_upload_does_not_follow_symlinks_a_run_planted(name: str) -> None:
-    """Between a session's runs the zygote, the namespace root, writes files into the run's workdir."""
+    """Between a session's runs the zygote, the namespace root, writes files into the run's roots."""
     plant = """
         import os
         links = {"staging": "/.staging", "zygote": "/proc/1", "up": "../../..",
                  "file_link": "/.staging/owned"}
-        for link, target in links.items():
-            os.symlink(target, link)
+        for root in ("/workspace", "/tmp", "/mnt", "/dev/shm"):
+            for link, target in links.items():
+                os.symlink(target, f"{root}/{link}")
         print("PLANTED")
         """
     async with open_sandbox() as sandbox:
@@ -1980,6 +2010,10 @@ async def test_session_upload_does_not_follow_symlinks_a_run_planted(name: str) 
                 await session.upload({name: b"pwned"})
             with pytest.raises(FileNotFoundError):
                 await session.download(["staging/owned", "zygote/environ", "up/etc/passwd"])
+            with pytest.raises(FileNotFoundError):
+                await session.download(
+                    ["/tmp/staging/owned", "/mnt/zygote/environ", "/dev/shm/up/etc/passwd"]
+                )
             # The worker's own view, seen from the host: its staging area is still the zygote's alone.
             zygote = min(sandbox_processes())
             staging = os.stat(f"/proc/{zygote}/root/.staging")

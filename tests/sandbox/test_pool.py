@@ -8,6 +8,7 @@ import os
 import signal
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,26 @@ async def test_unknown_language_names_the_accepted_ones(pool: SandboxPool) -> No
         await pool.run("DISPLAY 'x'", language="cobol")
 
 
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"code": "print('\ud800')"}, "code"),
+        ({"code": "print(1)", "stdin": "\udfff"}, "stdin"),
+        ({"code": "print(1)", "files": {"a.txt": "x\ud83d"}}, "files['a.txt']"),
+        ({"code": "print(1)", "files": {"\ud800.txt": "x"}}, "files"),
+        ({"code": "print(1)", "collect": ["\ud800"]}, "collect"),
+    ],
+    ids=["code", "stdin", "file-content", "file-name", "collect"],
+)
+async def test_text_with_a_lone_surrogate_is_refused_naming_the_field(
+    pool: SandboxPool, arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        await pool.run(**arguments)
+    assert str(refused.value).startswith(f"{field} = ") and "lone UTF-16 surrogate" in str(refused.value)
+    assert pool.busy_slots == 0 and pool.workers_replaced == 0
+
+
 async def test_runs_are_concurrent_up_to_the_slots(pool: SandboxPool) -> None:
     started = asyncio.get_running_loop().time()
     results = await asyncio.gather(*(pool.run("import time\ntime.sleep(0.5)") for _ in range(2)))
@@ -158,6 +179,12 @@ async def test_pool_refuses_bad_config() -> None:
         PoolConfig(slots=0)
     with pytest.raises(ConfigError, match="host_uid_base = 0"):
         PoolConfig(host_uid_base=0)
+    with pytest.raises(ConfigError, match="session_wait_s = 0: must be positive"):
+        PoolConfig(session_wait_s=0)
+    for workdir in ("work", "/", "/tmp", "/tmp/work", "/mnt/data", "/dev", "/.program", "/.staging/x", "//"):
+        with pytest.raises(ConfigError, match=f"workdir = {workdir!r}: must be an absolute path"):
+            PoolConfig(workdir=workdir)
+    assert PoolConfig(workdir="/home/sandbox").workdir == "/home/sandbox"
 
 
 def _outcome(**changes: object) -> StepOutcome:

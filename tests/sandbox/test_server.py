@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tether.sandbox import RunResult, RunStatus, SandboxPool
+from tether.sandbox import PoolConfig, RunResult, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.fusion import FusionCommandStatus, FusionRunStatus, to_fusion
 from tether.sandbox.result import CompileOutput, RunStage
 from tether.sandbox.server import create_app
@@ -150,6 +151,105 @@ async def test_run_code_ignores_unknown_fields_and_null_files_like_sandboxfusion
     response = await client.post("/run_code", json=request)
     assert response.status_code == 200
     assert response.json()["run_result"]["stdout"] == "['kept.txt', 'main.py']\n"
+
+
+async def test_run_code_fetches_absolute_paths_as_sandboxfusions_own_test_does(
+    client: httpx.AsyncClient,
+) -> None:
+    # SandboxFusion's sandbox/tests/runners/test_python.py::test_python_fetch_files, field for field.
+    request = {
+        "language": "python",
+        "code": 'open("a.txt", "w").write("secret"); open("/mnt/b", "w").write("sauce");',
+        "run_timeout": 5,
+        "fetch_files": ["a.txt", "/mnt/b"],
+    }
+    response = await client.post("/run_code", json=request)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "Success"
+    assert body["files"] == {"a.txt": b64(b"secret"), "/mnt/b": b64(b"sauce")}
+
+
+async def test_run_code_uploads_to_absolute_paths_in_the_writable_roots(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "print(open('/tmp/flag.txt').read(), open('/mnt/data/in.txt').read(), open('here.txt').read())\n"
+        "open('/tmp/out/result.txt', 'w').write(str(sorted(os.listdir('.'))))"
+    )
+    request = {
+        "code": code,
+        "language": "python",
+        "files": {
+            "/tmp/flag.txt": b64(b"flag"),
+            "/mnt/data/in.txt": b64(b"data"),
+            "/workspace/here.txt": b64(b"here"),
+            "/tmp/out/keep": b64(b""),
+        },
+        "fetch_files": ["/tmp/out/result.txt", "/workspace/here.txt", "/tmp/flag.txt"],
+    }
+    response = await client.post("/run_code", json=request)
+    body = response.json()
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "flag data here\n"
+    assert body["files"] == {
+        "/tmp/out/result.txt": b64(b"['here.txt', 'main.py']"),
+        "/workspace/here.txt": b64(b"here"),
+        "/tmp/flag.txt": b64(b"flag"),
+    }
+
+
+ESCAPING_PATHS = [
+    "/etc/passwd",
+    "/proc/self/environ",
+    "/proc/1/root/etc/shadow",
+    "/tmp/../etc/passwd",
+    "/mnt/../../etc/passwd",
+    "/workspace/../etc/passwd",
+    "//tmp/x",
+    "/.staging/x",
+    "/.program/main.py",
+    "/dev/null",
+    "/tmp",
+    "../x",
+    "a/../../x",
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "field"),
+    [("/run_code", "files"), ("/run_code", "fetch_files"), ("/v1/run", "files"), ("/v1/run", "collect")],
+)
+async def test_paths_that_would_escape_the_writable_roots_are_a_422_naming_them(
+    client: httpx.AsyncClient, route: str, field: str
+) -> None:
+    for path in ESCAPING_PATHS:  # one pool for all of them: each is refused before a slot is taken
+        body: dict[str, Any] = {"code": "print('NEVER_RUN')", "language": "python"}
+        body[field] = {path: b64(b"x")} if field == "files" else [path]
+        response = await client.post(route, json=body)
+        assert response.status_code == 422, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_path" and error["field"] == field, (path, error)
+        assert repr(path) in error["message"] and "/tmp, /dev/shm, /mnt" in error["message"], (path, error)
+
+
+async def test_session_files_go_to_and_come_from_absolute_paths(client: httpx.AsyncClient) -> None:
+    session = (await client.post("/v1/sessions")).json()["id"]
+    try:
+        files = {"/tmp/in.txt": b64(b"one"), "/mnt/in.txt": b64(b"two")}
+        assert (await client.put(f"/v1/sessions/{session}/files", json={"files": files})).status_code == 204
+        run = await client.post(
+            f"/v1/sessions/{session}/run",
+            json={"code": "cat /tmp/in.txt /mnt/in.txt > /mnt/out.txt", "language": "bash"},
+        )
+        assert run.json()["status"] == "ok"
+        got = await client.get(
+            f"/v1/sessions/{session}/files", params={"path": ["/mnt/out.txt", "/tmp/in.txt"]}
+        )
+        assert got.json() == {"files": {"/mnt/out.txt": b64(b"onetwo"), "/tmp/in.txt": b64(b"one")}}
+        escape = await client.get(f"/v1/sessions/{session}/files", params={"path": "/etc/passwd"})
+        assert escape.status_code == 422 and "'/etc/passwd'" in escape.json()["error"]["message"]
+    finally:
+        await client.delete(f"/v1/sessions/{session}")
 
 
 async def test_run_code_reports_the_pod_name_from_the_environment(
@@ -375,7 +475,7 @@ async def test_concurrent_runs_in_one_session_are_serialized(client: httpx.Async
 async def test_healthz_is_200_when_a_trivial_run_passes(client: httpx.AsyncClient) -> None:
     response = await client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    assert response.json() == {"status": "ok", "slots": 2, "open_sessions": 0, "running": 0, "queue_depth": 0}
 
 
 async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -> None:
@@ -387,11 +487,39 @@ async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -
             assert response.status_code == 503
             assert response.json()["status"] == "unhealthy"
             assert "0.3 s" in response.json()["reasons"][0]
+            assert "2 of 2 slots held by open sessions" in response.json()["reasons"][0]
+            assert response.json()["open_sessions"] == response.json()["slots"] == 2
         finally:
             for session in sessions:
                 await http.delete(f"/v1/sessions/{session}")
         assert (await http.get("/healthz")).status_code == 200
         assert pool.queue_depth == 0 and pool.busy_slots == 0
+
+
+async def test_session_open_with_every_slot_held_by_sessions_is_a_503_with_retry_after() -> None:
+    config = PoolConfig(slots=1, session_wait_s=0.3)
+    async with SandboxPool(SandboxSpec(timeout_s=5), config) as pool:
+        transport = httpx.ASGITransport(app=create_app(pool))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
+            held = (await http.post("/v1/sessions")).json()["id"]
+            started = time.monotonic()
+            refused = await asyncio.wait_for(http.post("/v1/sessions"), 5)
+            waited = time.monotonic() - started
+            health = (await http.get("/healthz")).json()
+            text = (await http.get("/metrics")).text
+            await http.delete(f"/v1/sessions/{held}")
+            reopened = await asyncio.wait_for(http.post("/v1/sessions"), 5)
+            await http.delete(f"/v1/sessions/{reopened.json()['id']}")
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert 0.3 <= waited < 2
+    error = refused.json()["error"]
+    assert error["type"] == "no_free_slot"
+    assert "within 0.3 s" in error["message"] and "1 of 1 slots held by open sessions" in error["message"]
+    assert health["open_sessions"] == health["slots"] == 1
+    assert metric(text, "tether_sandbox_open_sessions") == 1
+    assert metric(text, "tether_sandbox_sessions_refused_total") == 1
+    assert reopened.status_code == 201
+    assert pool.queue_depth == 0
 
 
 def metric(text: str, name: str) -> float:

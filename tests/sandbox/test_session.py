@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import tarfile
 
 import pytest
 
+from tether.agents.workspace import SandboxWorkspace
 from tether.errors import TetherError
 from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.session import SessionClosed
@@ -76,3 +79,54 @@ async def test_a_failed_upload_keeps_the_session_directory(pool: SandboxPool) ->
             await session.upload({"big.bin": b"x" * (4 << 20)})
         assert await session.download(["keep.txt"]) == {"keep.txt": b"kept"}
         assert not session.closed
+
+
+# ---- the tool programs live outside the working directory ------------------------------------------------
+
+LIST_WORKDIR = "import os\nprint(sorted(os.listdir('.')))"
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("python", LIST_WORKDIR),
+        ("bash", "ls -A"),
+        ("c", '#include <stdio.h>\nint main(void) { puts("c ran"); return 0; }'),
+    ],
+    ids=["python", "bash", "c"],
+)
+async def test_an_agents_own_main_py_survives_a_tool_call(
+    pool: SandboxPool, language: str, code: str
+) -> None:
+    own = {"main.py": "print('the agent wrote this')", "main.sh": "echo mine", "main.c": "/* mine */"}
+    async with await pool.open_session() as session:
+        await session.upload(own)
+        called = await session.run(code, language=language)
+        after = await session.run(LIST_WORKDIR)
+        kept = await session.download(sorted(own))
+    assert called.status is RunStatus.OK, called.error or called.stderr
+    assert after.stdout == "['main.c', 'main.py', 'main.sh']\n"
+    assert kept == {name: text.encode() for name, text in own.items()}
+
+
+async def test_a_session_program_imports_and_includes_from_the_working_directory(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        await session.upload({"helper.py": "ANSWER = 42", "answer.h": "#define ANSWER 42"})
+        python = await session.run("import helper\nprint(helper.ANSWER)")
+        c = await session.run(
+            '#include <stdio.h>\n#include "answer.h"\nint main(void) { printf("%d\\n", ANSWER); }', "c"
+        )
+    assert python.stdout == "42\n", python.stderr
+    assert c.stdout == "42\n", c.error or (c.compile.stderr if c.compile else c.stderr)
+
+
+async def test_a_workdir_snapshot_holds_no_tool_program_files(pool: SandboxPool) -> None:
+    async with await pool.open_session() as session:
+        workspace = SandboxWorkspace(session)
+        await workspace.write_file("notes.txt", "mine")
+        for code, language in (("print(1)", "python"), ("echo 1 > out.txt", "bash")):
+            assert (await session.run(code, language=language)).status is RunStatus.OK
+        snapshot = await workspace.snapshot()
+    with tarfile.open(fileobj=io.BytesIO(snapshot)) as archive:
+        names = sorted(name.removeprefix("./") for name in archive.getnames() if name != ".")
+    assert names == ["notes.txt", "out.txt"]

@@ -54,7 +54,8 @@ def run_command(
     """Run one program and print its result as a JSON object (exit 0 whenever the sandbox worked)."""
     spec = _spec(ctx, spec_file)
     with user_errors():
-        code = sys.stdin.read() if source == "-" else Path(source).read_text()
+        # Bytes, as the interpreter or compiler would read the file (a coding declaration, say).
+        code = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
         stdin = stdin_file.read_bytes() if stdin_file else b""
         files: dict[str, str | bytes] = {}
         for item in upload or []:

@@ -18,11 +18,12 @@ from tether.envs.base import EnvError, EpisodeState, ScoringContext
 from tether.sandbox.result import RunResult, RunStatus
 from tether.sandbox.spec import SandboxSpec
 
-# Drops the script's own directory (the model-writable working directory) from the import path.
+# Drops the model-writable working directory from the import path: it is the current directory, and the
+# script's own directory too except in a session, whose programs the sandbox keeps outside it.
 TRUSTED_PRELUDE = (
     "import os as _os, sys as _sys\n"
     "_here = _os.path.dirname(_os.path.abspath(__file__))\n"
-    "_sys.path[:] = [p for p in _sys.path if p not in ('', '.', _here)]\n"
+    "_sys.path[:] = [p for p in _sys.path if p not in ('', '.', _here, _os.getcwd())]\n"
 )
 
 

@@ -10,11 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.sandbox.pool import PoolConfig, SandboxPool, SandboxUnavailable
+    from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool, SandboxUnavailable
     from tether.sandbox.result import QcStatus, RunResult, RunStatus
     from tether.sandbox.spec import SandboxSpec, load_spec
 
 _EXPORTS = {
+    "NoFreeSlot": "tether.sandbox.pool",
     "PoolConfig": "tether.sandbox.pool",
     "SandboxPool": "tether.sandbox.pool",
     "SandboxUnavailable": "tether.sandbox.pool",
@@ -26,6 +27,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "NoFreeSlot",
     "PoolConfig",
     "QcStatus",
     "RunResult",

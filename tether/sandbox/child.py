@@ -73,14 +73,15 @@ def _run_warm_python(script: str, env: dict[str, str], finalize: bool = True) ->
         line_buffering=True,
     )
     sys.argv = [script]
-    sys.path[0:0] = [os.path.dirname(script)]
+    # The working directory, which is the script's own except in a session (its programs live outside).
+    sys.path[0:0] = [os.getcwd()]
     main = types.ModuleType("__main__")
     main.__file__ = script
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     exit_code = 0
     try:
-        with open(script, encoding="utf-8") as handle:
+        with open(script, "rb") as handle:  # bytes: compile() honours a coding declaration, as python does
             source = handle.read()
         exec(compile(source, script, "exec"), main.__dict__)
     except SystemExit as stop:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from tether.sandbox.result import RunResult, RunStage, RunStatus
+from tether.sandbox.spec import UnicodeText
 
 
 class FusionRunRequest(BaseModel):
@@ -20,11 +21,11 @@ class FusionRunRequest(BaseModel):
     compile_timeout: float = 10
     run_timeout: float = 10
     memory_limit_MB: int = -1
-    code: str
-    stdin: str | None = None
-    language: str
-    files: dict[str, str | None] = Field(default_factory=dict)
-    fetch_files: list[str] = Field(default_factory=list)
+    code: UnicodeText
+    stdin: UnicodeText | None = None
+    language: UnicodeText
+    files: dict[UnicodeText, str | None] = Field(default_factory=dict)
+    fetch_files: list[UnicodeText] = Field(default_factory=list)
     args: list[str] = Field(default_factory=list)  # pytest arguments; no accepted language uses them
 
 

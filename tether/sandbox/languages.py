@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tether.errors import ConfigError
 
@@ -15,10 +15,31 @@ from tether.errors import ConfigError
 @dataclass(frozen=True, slots=True)
 class Language:
     name: str
-    source_file: str
+    source_file: str  # where the program is written, relative to the working directory
     run_argv: tuple[str, ...]
     compile_argv: tuple[str, ...] | None = None
     warm_python: bool = False  # run in a forked, preloaded interpreter instead of exec'ing one
+    binary: str | None = None  # what the compile step writes beside the source
+
+    def placed_in(self, directory: str) -> Language:
+        """This language with the program's own files (source, binary) in `directory`, an absolute path.
+
+        Every argument naming one of them is rewritten; the working directory stays the current one.
+        """
+        names = {self.source_file: self.source_file}
+        if self.binary is not None:
+            names |= {self.binary: self.binary, f"./{self.binary}": self.binary}
+
+        def moved(argv: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(f"{directory}/{names[item]}" if item in names else item for item in argv)
+
+        return replace(
+            self,
+            source_file=f"{directory}/{self.source_file}",
+            run_argv=moved(self.run_argv),
+            compile_argv=None if self.compile_argv is None else moved(self.compile_argv),
+            binary=None if self.binary is None else f"{directory}/{self.binary}",
+        )
 
 
 def _resolve(program: str) -> str:
@@ -30,17 +51,20 @@ def default_languages(python_executable: str | None = None) -> dict[str, Languag
     languages = [
         Language("python", "main.py", (python, "main.py"), warm_python=True),
         Language("bash", "main.sh", (_resolve("bash"), "main.sh")),
+        # `-iquote .`: headers in the working directory stay includable when the source is elsewhere.
         Language(
             "c",
             "main.c",
             ("./main",),
-            (_resolve("gcc"), "-O2", "-std=gnu17", "-pipe", "main.c", "-o", "main", "-lm"),
+            (_resolve("gcc"), "-O2", "-std=gnu17", "-pipe", "-iquote", ".", "main.c", "-o", "main", "-lm"),
+            binary="main",
         ),
         Language(
             "cpp",
             "main.cpp",
             ("./main",),
-            (_resolve("g++"), "-O2", "-std=gnu++17", "-pipe", "main.cpp", "-o", "main"),
+            (_resolve("g++"), "-O2", "-std=gnu++17", "-pipe", "-iquote", ".", "main.cpp", "-o", "main"),
+            binary="main",
         ),
         Language("javascript", "main.js", (_resolve("node"), "main.js")),
     ]

@@ -25,7 +25,9 @@ class ChildPlan:
     cpu_time_limit_s: int
     open_files_max: int
     file_size_max_bytes: int
-    shadows: list[tuple[str, str]] = field(default_factory=list)  # (alias in the root view, path to re-bind)
+    # (source, target) binds made after the workdir, /tmp and /dev/shm, in order: the run's /mnt and
+    # program directory from its run directory, then the read-only paths those mounts cover (aliases).
+    shadows: list[tuple[str, str]] = field(default_factory=list)
 
 
 def encode_plan(plan: ChildPlan) -> tuple[bytes, list[int]]:

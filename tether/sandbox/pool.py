@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TetherError
 from tether.sandbox import protocol
 from tether.sandbox.cgroups import (
     CgroupLayout,
@@ -32,12 +33,14 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
+from tether.sandbox.paths import FIXED_ROOTS, PROGRAM_DIR
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
+from tether.sandbox.rootfs import ALIAS_ROOT, STAGING
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 # What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
@@ -66,6 +69,14 @@ class SandboxUnavailable(RuntimeError):
     """The kernel lacks an isolation primitive and the pool was not started with insecure=True."""
 
 
+class NoFreeSlot(TetherError):
+    """No slot freed up within the wait for a new session; `retry_after_s` is when to try again."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     """How the pool runs its workers. Limits of each run live in `SandboxSpec`."""
@@ -81,6 +92,7 @@ class PoolConfig:
     max_runs_per_worker: int = 5000
     worker_start_timeout_s: float = 30.0
     session_idle_timeout_s: float = 600.0
+    session_wait_s: float = 10.0  # how long opening a session waits for a free slot before NoFreeSlot
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 1024:
@@ -89,13 +101,21 @@ class PoolConfig:
             raise ConfigError(f"run_uid = {self.run_uid!r}: must be between 1 and 65535")
         if self.session_idle_timeout_s <= 0:
             raise ConfigError(f"session_idle_timeout_s = {self.session_idle_timeout_s!r}: must be positive")
+        if self.session_wait_s <= 0:
+            raise ConfigError(f"session_wait_s = {self.session_wait_s!r}: must be positive")
         if self.host_uid_base < 65536:
             raise ConfigError(
                 f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
             )
-        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
+        reserved = (*FIXED_ROOTS, "/dev", "/proc", PROGRAM_DIR, STAGING, ALIAS_ROOT)
+        normal = "/" + os.path.normpath(self.workdir).lstrip("/")  # '//tmp' is /tmp too
+        if not self.workdir.startswith("/") or any(
+            normal in ("/", root) or normal.startswith(root + "/") or root.startswith(normal + "/")
+            for root in reserved
+        ):
             raise ConfigError(
-                f"workdir = {self.workdir!r}: must be an absolute path outside /tmp, /proc, /dev"
+                f"workdir = {self.workdir!r}: must be an absolute path that neither holds nor lies in "
+                f"{', '.join(reserved)}"
             )
 
     def readonly_paths(self) -> list[str]:
@@ -105,8 +125,8 @@ class PoolConfig:
         return [*DEFAULT_READONLY, *sorted(prefixes), package, *self.extra_readonly_paths]
 
 
-def _encode(data: str | bytes) -> str:
-    return protocol.b64encode(data.encode() if isinstance(data, str) else data)
+def _encode(data: str | bytes, field: str) -> str:
+    return protocol.b64encode(checked_text(data, field).encode() if isinstance(data, str) else data)
 
 
 class SandboxPool:
@@ -131,6 +151,7 @@ class SandboxPool:
         self.status_counts: dict[RunStatus, int] = dict.fromkeys(RunStatus, 0)
         self.qc_failures = 0
         self.workers_replaced = 0
+        self.sessions_refused = 0
         self.sessions: dict[str, SandboxSession] = {}
 
     async def __aenter__(self) -> SandboxPool:
@@ -147,6 +168,14 @@ class SandboxPool:
     @property
     def busy_slots(self) -> int:
         return self.config.slots - self._queue.free_slots
+
+    def describe_slots(self) -> str:
+        """Who holds the slots, for messages: `2 of 2 slots held by open sessions, 0 by runs`."""
+        sessions = len(self.sessions)
+        return (
+            f"{sessions} of {self.config.slots} slots held by open sessions, "
+            f"{self.busy_slots - sessions} by runs, {self.queue_depth} runs waiting"
+        )
 
     async def start(self) -> None:
         self.layout = system_layout()
@@ -219,8 +248,16 @@ class SandboxPool:
         dir_id: str | None = None,
         keep_dir: bool = False,
     ) -> tuple[RunRequest, bool]:
-        """The worker request for one run (pure): source file, compile step if any, run step."""
+        """The worker request for one run (pure): source file, compile step if any, run step.
+
+        A one-shot run's program is written into its working directory, where SandboxFusion puts it too
+        (so relative imports, includes and `__file__` behave as there); a kept directory (a session's)
+        belongs to its user, so the program goes to PROGRAM_DIR instead and never overwrites their files.
+        """
         lang = lookup(self.languages, language)
+        program = {lang.source_file: _encode(code, "code")}
+        if keep_dir:
+            lang = lang.placed_in(PROGRAM_DIR)
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.config.workdir,
@@ -230,8 +267,10 @@ class SandboxPool:
             "PYTHONDONTWRITEBYTECODE": "1",
             **spec.env,
         }
-        all_files = {workdir_path(name, "files"): _encode(content) for name, content in files.items()}
-        all_files[lang.source_file] = _encode(code)
+        all_files = {
+            sandbox_path(name, "files", self.config.workdir): _encode(content, f"files[{name!r}]")
+            for name, content in files.items()
+        }
 
         def step(
             argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
@@ -239,7 +278,7 @@ class SandboxPool:
             return StepRequest(
                 argv=list(argv),
                 inline_python=inline,
-                stdin_b64=_encode(stdin_data),
+                stdin_b64=_encode(stdin_data, "stdin"),
                 env=env,
                 timeout_s=timeout_s,
                 output_limit_bytes=spec.output_limit_bytes,
@@ -251,13 +290,14 @@ class SandboxPool:
         steps = []
         if lang.compile_argv is not None:
             steps.append(step(lang.compile_argv, spec.compile_timeout_s))
-        inline = f"{self.config.workdir}/{lang.source_file}" if lang.warm_python and warm else None
+        inline = os.path.join(self.config.workdir, lang.source_file) if lang.warm_python and warm else None
         steps.append(step(lang.run_argv, spec.timeout_s, inline, stdin))
         request = RunRequest(
             dir_id=dir_id or f"r{next(self._run_ids)}",
             disk_mib=spec.disk_mib,
-            files=all_files,
+            files=all_files if keep_dir else {**all_files, **program},
             steps=steps,
+            program=program if keep_dir else {},
             keep_dir=keep_dir,
         )
         return request, lang.compile_argv is not None
@@ -276,7 +316,7 @@ class SandboxPool:
         """Run one program in a fresh isolated environment and return its classified result."""
         spec = spec or self.spec
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
-        request.collect = [workdir_path(path, "collect") for path in collect]
+        request.collect = [sandbox_path(path, "collect", self.config.workdir) for path in collect]
         await self._queue.acquire(client)
         worker = self._idle.pop()
         keep = False
@@ -287,8 +327,22 @@ class SandboxPool:
         return result
 
     async def open_session(self, spec: SandboxSpec | None = None, client: str = "") -> SandboxSession:
-        """A sandbox whose working directory persists across runs; it holds one slot until closed."""
-        await self._queue.acquire(client)
+        """A sandbox whose working directory persists across runs; it holds one slot until closed.
+
+        Waits up to `config.session_wait_s` for a free slot, then raises NoFreeSlot: sessions hold their
+        slots until closed or idle, so an unbounded wait could last as long as the longest session.
+        """
+        wait_s = self.config.session_wait_s
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._queue.acquire(client)
+        except TimeoutError:
+            self.sessions_refused += 1
+            raise NoFreeSlot(
+                f"no sandbox slot freed up within {wait_s:g} s: {self.describe_slots()}; "
+                "close a session or retry later",
+                retry_after_s=max(1, math.ceil(wait_s)),
+            ) from None
         session = SandboxSession(self, self._idle.pop(), spec or self.spec)
         self.sessions[session.id] = session
         return session

@@ -61,8 +61,9 @@ class StepRequest:
 class RunRequest:
     dir_id: str
     disk_mib: int
-    files: dict[str, str]  # path relative to the workdir -> base64 content
+    files: dict[str, str]  # path as the run sees it (see paths.py) -> base64 content
     steps: list[StepRequest]
+    program: dict[str, str] = field(default_factory=dict)  # file name in PROGRAM_DIR -> base64 content
     collect: list[str] = field(default_factory=list)
     keep_dir: bool = False
     stop_after_failure: bool = True

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tether.sandbox import linux
 from tether.sandbox.linux import MNT_DETACH, Mount
+from tether.sandbox.paths import PROGRAM_DIR, writable_roots
 
 STAGING = "/.staging"
 ALIAS_ROOT = "/.ro"  # where allowed paths that a run's own mounts would cover are kept in the root view
@@ -59,8 +60,8 @@ def _open_host_paths(paths: list[str]) -> list[_HostPath]:
 
 
 def covered_by_run_mounts(path: str, workdir: str) -> bool:
-    """Whether a run's own mounts (workdir, /tmp, /dev/shm) hide `path` in its view."""
-    return any(path.startswith(directory.rstrip("/") + "/") for directory in (workdir, "/tmp", "/dev/shm"))
+    """Whether a run's own mounts (its writable roots and program directory) hide `path` in its view."""
+    return any(path.startswith(directory + "/") for directory in (*writable_roots(workdir), PROGRAM_DIR))
 
 
 def _place(new_root: str, host: _HostPath, workdir: str) -> None:
@@ -120,8 +121,9 @@ def build_root(
         "stderr": "/proc/self/fd/2",
     }.items():
         os.symlink(link, f"{skeleton_dir}/dev/{name}")
-    for directory in ("dev/shm", "proc", "tmp", workdir.lstrip("/"), STAGING.lstrip("/"), _OLD_ROOT):
-        os.makedirs(f"{skeleton_dir}/{directory}", mode=0o755, exist_ok=True)
+    mount_points = (*writable_roots(workdir), PROGRAM_DIR, "/proc", STAGING, f"/{_OLD_ROOT}")
+    for directory in mount_points:
+        os.makedirs(f"{skeleton_dir}{directory}", mode=0o755, exist_ok=True)
     # A user namespace may mount a new proc only while a fully visible one exists, so before the pivot.
     linux.mount("proc", f"{skeleton_dir}/proc", "proc", Mount.NOSUID | Mount.NODEV | Mount.NOEXEC)
     linux.pivot_root(skeleton_dir, f"{skeleton_dir}/{_OLD_ROOT}")

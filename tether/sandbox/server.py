@@ -2,17 +2,18 @@
 
     POST /run_code                       SandboxFusion's request and response, field for field
     POST /v1/run                         native: RunBody -> RunResult
-    POST /v1/sessions                    {"spec"?: {...}} -> 201 {"id": ...}
+    POST /v1/sessions                    {"spec"?: {...}} -> 201 {"id": ...}; 503 + Retry-After when full
     POST /v1/sessions/{id}/run           SessionRunBody -> RunResult
     PUT  /v1/sessions/{id}/files         {"files": {path: base64}} -> 204
     GET  /v1/sessions/{id}/files?path=a&path=b   -> {"files": {path: base64}}; any missing path -> 404
     DELETE /v1/sessions/{id}             -> 204
-    GET  /healthz                        one trivial run through the pool: 200 or 503
+    GET  /healthz                        one trivial run through the pool: 200 or 503, with slot usage
     GET  /metrics                        Prometheus text, from a registry owned by this app
 
 Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
-value. Code and stdin travel as UTF-8 text, files as base64. The pool knows nothing of HTTP and this
-module knows nothing of isolation; it validates, converts and counts.
+value. Code and stdin travel as UTF-8 text, files as base64; a file path is relative to the working
+directory or absolute under one of the run's writable roots (`paths.py`), as in SandboxFusion. The
+pool knows nothing of HTTP and this module knows nothing of isolation; it validates, converts and counts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
@@ -39,10 +41,10 @@ from starlette.exceptions import HTTPException
 from tether.errors import ConfigError, TetherError, describe_validation_error
 from tether.sandbox.fusion import FusionRunRequest, FusionRunResponse, FusionRunStatus, to_fusion
 from tether.sandbox.languages import lookup
-from tether.sandbox.pool import PoolConfig, SandboxPool
+from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, UnicodeText, sandbox_path
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
@@ -57,8 +59,16 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.field = status, message, kind, field
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error that quotes a lone surrogate still renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_response(status: int, message: str, kind: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "field": field}}, status_code=status)
+    body = {"error": {"message": message, "type": kind, "field": field}}
+    return AsciiJSONResponse(body, status_code=status)
 
 
 # ---- native schema -------------------------------------------------------------------------------------
@@ -67,17 +77,22 @@ def error_response(status: int, message: str, kind: str, field: str | None = Non
 class SessionRunBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    code: str = Field(description="Program source, UTF-8 text.")
-    language: str = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
-    stdin: str = Field("", description="Standard input, UTF-8 text.")
-    files: dict[str, str] = Field(default_factory=dict, description="Path (relative) -> base64 content.")
-    collect: list[str] = Field(default_factory=list, description="Relative paths to return after the run.")
+    code: UnicodeText = Field(description="Program source, UTF-8 text.")
+    language: UnicodeText = Field("python", description="python, bash, c, cpp or javascript (or an alias).")
+    stdin: UnicodeText = Field("", description="Standard input, UTF-8 text.")
+    files: dict[UnicodeText, str] = Field(
+        default_factory=dict, description="Path (relative, or under /tmp, /mnt, ...) -> base64 content."
+    )
+    collect: list[UnicodeText] = Field(
+        default_factory=list,
+        description="Paths (relative, or under /tmp, /mnt, ...) to return after the run.",
+    )
     spec: dict[str, Any] | None = Field(None, description="SandboxSpec fields overriding the pool's spec.")
 
 
 class RunBody(SessionRunBody):
     warm: bool = Field(True, description="Run Python in a forked, preloaded interpreter.")
-    client: str = Field("", description="Fair-queue identity: clients are served round-robin.")
+    client: UnicodeText = Field("", description="Fair-queue identity: clients are served round-robin.")
 
 
 class SessionOpenBody(BaseModel):
@@ -89,25 +104,27 @@ class SessionOpenBody(BaseModel):
 class UploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    files: dict[str, str] = Field(description="Path (relative) -> base64 content.")
+    files: dict[UnicodeText, str] = Field(
+        description="Path (relative, or under /tmp, /mnt, ...) -> base64 content."
+    )
 
 
 # ---- validation helpers (pure) -------------------------------------------------------------------------
 
 
-def check_path(path: str, field: str) -> str:
-    """A file path must name something inside the working directory: relative, without `..` escapes."""
+def check_path(path: str, field: str, workdir: str) -> str:
+    """A file path must name something a run may write: relative to its workdir or under a writable root."""
     try:
-        return workdir_path(path, field)
+        return sandbox_path(path, field, workdir)
     except ConfigError as error:
         raise ApiError(422, str(error), "invalid_path", field) from None
 
 
-def decode_files(files: Mapping[str, str | None], field: str) -> dict[str, bytes]:
+def decode_files(files: Mapping[str, str | None], field: str, workdir: str) -> dict[str, bytes]:
     """Base64 values to bytes, naming the first bad entry. `None` values are skipped (SandboxFusion does)."""
     decoded = {}
     for path, content in files.items():
-        check_path(path, field)
+        check_path(path, field, workdir)
         if content is None:
             continue
         try:
@@ -125,8 +142,11 @@ def override_spec(base: SandboxSpec, overrides: Mapping[str, Any] | None, field:
     try:
         return SandboxSpec.model_validate({**base.model_dump(), **overrides})
     except ValidationError as error:
-        first = ".".join(str(part) for part in error.errors()[0]["loc"])
+        problem = error.errors()[0]
+        first = ".".join(str(part) for part in problem["loc"])
         message = describe_validation_error(error, field)
+        if problem["type"] == "invalid_text":
+            raise ApiError(400, message, "invalid_text", f"{field}.{first}") from None
         raise ApiError(422, message, "invalid_spec", f"{field}.{first}") from None
 
 
@@ -183,7 +203,14 @@ class PoolCollector(Collector):
             "tether_sandbox_busy_slots", "Slots running or holding a session.", pool.busy_slots
         )
         yield GaugeMetricFamily("tether_sandbox_slots", "Slots (workers) of the pool.", pool.config.slots)
-        yield GaugeMetricFamily("tether_sandbox_open_sessions", "Sessions open.", len(pool.sessions))
+        yield GaugeMetricFamily(
+            "tether_sandbox_open_sessions", "Sessions open; each holds one slot.", len(pool.sessions)
+        )
+        yield CounterMetricFamily(
+            "tether_sandbox_sessions_refused",
+            "Session opens answered 503 because no slot freed up in time.",
+            pool.sessions_refused,
+        )
         yield CounterMetricFamily(
             "tether_sandbox_qc_failures", "Runs that failed the quality check.", pool.qc_failures
         )
@@ -232,6 +259,7 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     app = FastAPI(title="tether sandbox", lifespan=lifespan)
     metrics = ServerMetrics(pool)
     pod_name = os.environ.get("MY_POD_NAME")
+    workdir = pool.config.workdir
     app.state.pool, app.state.metrics = pool, metrics
 
     def canonical(language: str) -> str:
@@ -261,12 +289,23 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             sent = request.headers.get("content-type", "none")
             message = f"request body must be a JSON object sent as application/json (content-type: {sent})"
             return error_response(400, message, "invalid_json")
+        # Text that cannot be UTF-8 is a malformed body, like bad JSON, rather than a wrong value.
+        text = [p for p in problems if p.get("type") == "invalid_text"]
+        if text:
+            message, field = describe_request_problems(text)
+            return error_response(400, message, "invalid_text", field)
         message, field = describe_request_problems(problems)
         return error_response(422, message, "validation_error", field)
 
     @app.exception_handler(SessionClosed)
     async def on_session_closed(_: Request, error: SessionClosed) -> JSONResponse:
         return error_response(404, str(error), "session_not_found", "id")
+
+    @app.exception_handler(NoFreeSlot)
+    async def on_no_free_slot(_: Request, error: NoFreeSlot) -> JSONResponse:
+        response = error_response(503, str(error), "no_free_slot")
+        response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
 
     @app.exception_handler(ConfigError)
     async def on_config_error(_: Request, error: ConfigError) -> JSONResponse:
@@ -278,6 +317,13 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
     @app.exception_handler(HTTPException)
     async def on_http(_: Request, error: HTTPException) -> JSONResponse:
+        # FastAPI turns any failure of its JSON parser other than a syntax error into this 400.
+        if isinstance(error.__cause__, RecursionError):
+            message = "request body is not valid JSON: it is nested too deeply to parse"
+            return error_response(400, message, "invalid_json")
+        if isinstance(error.__cause__, UnicodeDecodeError):
+            message = f"request body is not valid JSON: it is not UTF-8 text ({error.__cause__.reason})"
+            return error_response(400, message, "invalid_json")
         return error_response(error.status_code, str(error.detail), "http_error")
 
     @app.post("/run_code", response_model=FusionRunResponse, tags=["sandboxfusion"])
@@ -292,8 +338,8 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             )
         language = FUSION_LANGUAGES[body.language]
         spec = fusion_spec(pool.spec, body)
-        files = decode_files(body.files, "files")
-        fetch = [check_path(path, "fetch_files") for path in body.fetch_files]
+        files = decode_files(body.files, "files", workdir)
+        fetch = [check_path(path, "fetch_files", workdir) for path in body.fetch_files]
         try:
             result = await timed(
                 language, pool.run(body.code, language, body.stdin or "", files, fetch, spec=spec)
@@ -309,8 +355,8 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     async def run(body: RunBody) -> RunResult:
         language = canonical(body.language)
         spec = override_spec(pool.spec, body.spec)
-        files = decode_files(body.files, "files")
-        collect = [check_path(path, "collect") for path in body.collect]
+        files = decode_files(body.files, "files", workdir)
+        collect = [check_path(path, "collect", workdir) for path in body.collect]
         return await timed(
             language,
             pool.run(
@@ -327,21 +373,21 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
     @app.post("/v1/sessions/{session_id}/run", response_model=RunResult, tags=["native"])
     async def session_run(session_id: str, body: SessionRunBody) -> RunResult:
         language = canonical(body.language)
-        files = decode_files(body.files, "files")
-        collect = [check_path(path, "collect") for path in body.collect]
+        files = decode_files(body.files, "files", workdir)
+        collect = [check_path(path, "collect", workdir) for path in body.collect]
         session = pool.get_session(session_id)
         spec = override_spec(session.spec, body.spec)
         return await timed(language, session.run(body.code, language, body.stdin, files, collect, spec))
 
     @app.put("/v1/sessions/{session_id}/files", status_code=204, tags=["native"])
     async def upload(session_id: str, body: UploadBody) -> Response:
-        files = decode_files(body.files, "files")
+        files = decode_files(body.files, "files", workdir)
         await pool.get_session(session_id).upload(files)
         return Response(status_code=204)
 
     @app.get("/v1/sessions/{session_id}/files", tags=["native"])
     async def download(session_id: str, path: list[str] = Query(min_length=1)) -> dict[str, dict[str, str]]:
-        paths = [check_path(p, "path") for p in path]
+        paths = [check_path(p, "path", workdir) for p in path]
         try:
             files = await pool.get_session(session_id).download(paths)
         except FileNotFoundError as error:
@@ -353,17 +399,26 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
         await pool.get_session(session_id).close()
         return Response(status_code=204)
 
+    def slot_usage() -> dict[str, int]:
+        sessions = len(pool.sessions)
+        return {
+            "slots": pool.config.slots,
+            "open_sessions": sessions,
+            "running": pool.busy_slots - sessions,
+            "queue_depth": pool.queue_depth,
+        }
+
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
         try:
             report = await asyncio.wait_for(pool.health(), health_timeout_s)
         except TimeoutError:
-            reasons = [f"no health run finished within {health_timeout_s:g} s"]
-            return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+            reasons = [f"no health run finished within {health_timeout_s:g} s ({pool.describe_slots()})"]
+            return JSONResponse({"status": "unhealthy", "reasons": reasons, **slot_usage()}, status_code=503)
         if report.passed:
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "ok", **slot_usage()})
         reasons = report.reasons or ["the health run did not print 'ok' and exit cleanly"]
-        return JSONResponse({"status": "unhealthy", "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "unhealthy", "reasons": reasons, **slot_usage()}, status_code=503)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics_text() -> Response:

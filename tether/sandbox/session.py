@@ -2,9 +2,11 @@
 
 A session holds one worker and one slot of its pool for its whole life; its calls are serialised,
 since the worker's control channel carries one exchange at a time. Each `run` is still a fresh
-process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp)
-persists. Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the
-worker and hands it back.
+process in fresh PID/mount/IPC namespaces and fresh cgroups; only the session's tmpfs (workdir, /tmp,
+/dev/shm, /mnt) persists. The workdir is the caller's alone: each run's program is written to
+PROGRAM_DIR (`paths.py`), replaced by the next, and the workdir comes first on Python's import path.
+Closing the session (or leaving it idle past its timeout) releases the tmpfs, checks the worker and
+hands it back.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tether.errors import TetherError
 from tether.sandbox import protocol
 from tether.sandbox.protocol import RunRequest
 from tether.sandbox.result import RunResult
-from tether.sandbox.spec import SandboxSpec, workdir_path
+from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import Worker
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ class SandboxSession:
         request, compiled = self.pool.build_request(
             code, language, stdin, files or {}, spec or self.spec, dir_id=self.id, keep_dir=True
         )
-        request.collect = [workdir_path(path, "collect") for path in collect]
+        request.collect = [sandbox_path(path, "collect", self.pool.config.workdir) for path in collect]
         async with self._lock:
             worker = self._require_worker()
             result, healthy = await self.pool.execute(worker, request, spec or self.spec, compiled)
@@ -84,8 +86,8 @@ class SandboxSession:
             dir_id=self.id,
             disk_mib=self.spec.disk_mib,
             files={
-                workdir_path(name, "files"): protocol.b64encode(
-                    data.encode() if isinstance(data, str) else data
+                sandbox_path(name, "files", self.pool.config.workdir): protocol.b64encode(
+                    checked_text(data, f"files[{name!r}]").encode() if isinstance(data, str) else data
                 )
                 for name, data in files.items()
             },
@@ -99,7 +101,7 @@ class SandboxSession:
 
     async def download(self, paths: Sequence[str]) -> dict[str, bytes]:
         """Read files from the session's working directory; missing ones raise FileNotFoundError."""
-        checked = [workdir_path(path, "paths") for path in paths]
+        checked = [sandbox_path(path, "paths", self.pool.config.workdir) for path in paths]
         async with self._lock:
             files, missing = await self._require_worker().download(self.id, checked)
         if missing:

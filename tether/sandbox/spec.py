@@ -6,15 +6,43 @@ errors that name the key, the value and what is accepted.
 
 from __future__ import annotations
 
-import posixpath
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from tether.errors import ConfigError, describe_validation_error
+from tether.sandbox.paths import locate
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why `text` cannot travel as UTF-8, or None.
+
+    JSON's `\\uD800` escapes can carry a lone UTF-16 surrogate into a Python string; no program, file
+    name or environment variable can hold one.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError as error:
+        return (
+            f"holds a lone UTF-16 surrogate (U+{ord(text[error.start]):04X} at index {error.start}); "
+            "text must be valid Unicode"
+        )
+    return None
+
+
+def _valid_unicode(text: str) -> str:
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise PydanticCustomError("invalid_text", problem)
+    return text
+
+
+# A string from outside that must be encodable as UTF-8; its validation error has the type `invalid_text`.
+UnicodeText = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class SandboxSpec(BaseModel):
@@ -37,7 +65,9 @@ class SandboxSpec(BaseModel):
         1024, ge=1, le=262144, description="Cap on stdout and on stderr, each, in KiB."
     )
     open_files_max: int = Field(256, ge=16, le=65536, description="RLIMIT_NOFILE of the run.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the run.")
+    env: dict[UnicodeText, UnicodeText] = Field(
+        default_factory=dict, description="Extra environment variables for the run."
+    )
 
     @field_validator("env")
     @classmethod
@@ -59,13 +89,22 @@ class SandboxSpec(BaseModel):
         return int(timeout_s * self.cpu_limit) + 2
 
 
-def workdir_path(path: str, field: str) -> str:
-    """A path a caller names inside the run's working directory: relative, no `..` escape, no NUL."""
-    normal = posixpath.normpath(path) if path else ""
-    if not path or path.startswith("/") or "\0" in path or normal == "." or normal.split("/")[0] == "..":
-        raise ConfigError(
-            f"{field}: path {path!r} must be relative to the working directory and stay inside it"
-        )
+def checked_text(text: str, field: str) -> str:
+    """`text` if it can travel as UTF-8; otherwise a ConfigError naming the field and the value."""
+    problem = unicode_problem(text)
+    if problem is not None:
+        shown = repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+        raise ConfigError(f"{field} = {shown}: {problem}")
+    return text
+
+
+def sandbox_path(path: str, field: str, workdir: str) -> str:
+    """`path` if it names a file a run may write (see `paths.locate`), else a ConfigError naming it."""
+    checked_text(path, field)
+    try:
+        locate(path, workdir)
+    except ValueError as error:
+        raise ConfigError(f"{field}: {error}") from None
     return path
 
 

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -29,10 +30,13 @@ import traceback
 
 from tether.sandbox import forkserver, linux, protocol
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
+from tether.sandbox.paths import FIXED_ROOTS, PROGRAM_DIR, locate
 from tether.sandbox.plan import ChildPlan, encode_plan
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
 
+# The folders of a run directory: the writable roots (see paths.py) and the host-only stdin.
+RUN_FOLDERS = (("work", 0o755), ("tmp", 0o1777), ("shm", 0o1777), ("mnt", 0o755), ("meta", 0o700))
 WORKER_NAMESPACES = Clone.NEWUSER | Clone.NEWNS | Clone.NEWNET | Clone.NEWIPC | Clone.NEWUTS | Clone.NEWPID
 _READ_CHUNK = 65536
 
@@ -124,11 +128,16 @@ class Zygote:
         error: str | None = None
         try:
             run_dir = self._prepare(request)
+            # `_enter.c` binds the workdir, /tmp and /dev/shm itself; these go before the shadows,
+            # which may lie under them.
+            binds = [(f"{run_dir}/{FIXED_ROOTS['/mnt']}", "/mnt")]
+            if request.program:
+                binds.append((f"{run_dir}/program", PROGRAM_DIR))
             offset = 0
             for step in request.steps:
                 fds = cgroup_fds[offset : offset + step.cgroup_fd_count]
                 offset += step.cgroup_fd_count
-                outcome = self._run_step(run_dir, step, fds)
+                outcome = self._run_step(run_dir, step, fds, binds)
                 outcomes.append(outcome)
                 failed = outcome.exit_code != 0 or outcome.timed_out or outcome.output_exceeded
                 if failed and request.stop_after_failure:
@@ -171,42 +180,57 @@ class Zygote:
                 Mount.NOSUID | Mount.NODEV,
                 f"size={request.disk_mib}m,mode=0755,nr_inodes=65536",
             )
-            for name, mode in (("work", 0o755), ("tmp", 0o1777), ("shm", 0o1777), ("meta", 0o700)):
+            for name, mode in RUN_FOLDERS:
                 os.mkdir(f"{run_dir}/{name}", mode)
                 os.chmod(f"{run_dir}/{name}", mode)
                 if name != "meta":
                     os.chown(f"{run_dir}/{name}", uid, gid)
-        work = f"{run_dir}/work"
-        for relative, content in request.files.items():
-            # A session's earlier runs may have left symlinks here; this process is the namespace root.
-            target = _inside(work, relative, resolve=True)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            with os.fdopen(os.open(target, flags, 0o644), "wb") as handle:
-                handle.write(protocol.b64decode(content))
-                os.fchown(handle.fileno(), uid, gid)
-            parent = os.path.dirname(target)
-            while parent != work:
-                os.chown(parent, uid, gid, follow_symlinks=False)
-                parent = os.path.dirname(parent)
+        if request.program:
+            # Fresh for every run: what an earlier run of the session left there (links too) is gone.
+            program = f"{run_dir}/program"
+            if os.path.lexists(program):
+                shutil.rmtree(program)
+            os.mkdir(program, 0o755)
+            os.chown(program, uid, gid)
+            for name, content in request.program.items():
+                self._write(program, name, content)
+        for path, content in request.files.items():
+            located = locate(path, self.init.workdir)
+            self._write(f"{run_dir}/{located.folder}", located.relative, content)
         return run_dir
 
+    def _write(self, base: str, relative: str, content: str) -> None:
+        """Write a file under `base` for the run user, refusing symlinks an earlier run of a session left."""
+        uid, gid = self.init.run_uid, self.init.run_gid
+        # This process is the namespace root: every directory on the way is checked, the file not followed.
+        target = _inside(base, relative, resolve=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        with os.fdopen(os.open(target, flags, 0o644), "wb") as handle:
+            handle.write(protocol.b64decode(content))
+            os.fchown(handle.fileno(), uid, gid)
+        parent = os.path.dirname(target)
+        while parent != base:
+            os.chown(parent, uid, gid, follow_symlinks=False)
+            parent = os.path.dirname(parent)
+
     def _collect(self, dir_id: str, paths: list[str]) -> tuple[dict[str, str], list[str]]:
-        work = f"{self._dir_path(dir_id)}/work"
+        run_dir = self._dir_path(dir_id)
         files: dict[str, str] = {}
         missing: list[str] = []
-        for relative in paths:
+        for path in paths:
             try:
-                target = _inside(work, relative, resolve=True)
+                located = locate(path, self.init.workdir)
+                target = _inside(f"{run_dir}/{located.folder}", located.relative, resolve=True)
                 fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except (OSError, ValueError):
-                missing.append(relative)
+                missing.append(path)
                 continue
             with os.fdopen(fd, "rb") as handle:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    missing.append(relative)
+                    missing.append(path)
                     continue
-                files[relative] = protocol.b64encode(handle.read())
+                files[path] = protocol.b64encode(handle.read())
         return files, missing
 
     def _release(self, dir_id: str) -> None:
@@ -217,7 +241,9 @@ class Zygote:
         os.rmdir(run_dir)
         self.run_dirs.discard(dir_id)
 
-    def _run_step(self, run_dir: str, step: StepRequest, cgroup_fds: list[int]) -> StepOutcome:
+    def _run_step(
+        self, run_dir: str, step: StepRequest, cgroup_fds: list[int], binds: list[tuple[str, str]]
+    ) -> StepOutcome:
         with open(f"{run_dir}/meta/stdin", "wb") as handle:
             handle.write(protocol.b64decode(step.stdin_b64))
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -238,7 +264,7 @@ class Zygote:
             cpu_time_limit_s=step.cpu_time_limit_s,
             open_files_max=step.open_files_max,
             file_size_max_bytes=step.file_size_max_bytes,
-            shadows=self.shadows,
+            shadows=[*binds, *self.shadows],
         )
         data, fds = encode_plan(plan)
         plan_fd = os.memfd_create("tether-plan", os.MFD_CLOEXEC)
