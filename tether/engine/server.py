@@ -21,7 +21,9 @@ from typing import Any, Literal, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
 from tether.engine.async_engine import (
@@ -37,6 +39,7 @@ from tether.engine.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
+    route_error,
     validation_error,
 )
 from tether.engine.sampling import SamplingParams
@@ -372,16 +375,31 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     app = FastAPI(title="tether", summary="OpenAI-compatible inference over tether's engine")
     app.state.server = server
 
+    schemas = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
     @app.exception_handler(APIError)
-    async def api_error(request: Request, error: APIError) -> JSONResponse:
+    async def api_error(request: Request, error: APIError) -> Response:
         if error.status < 500:  # refusals for load or a stopped engine are counted where they happen
             server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
         return error.response()
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, error: RequestValidationError) -> Response:
         server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
-        return validation_error(error).response()
+        return validation_error(error, schemas.get(request.url.path)).response()
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, error: HTTPException) -> Response:
+        endpoints = [
+            f"{method} {route.path}"
+            for route in app.routes
+            if isinstance(route, APIRoute)
+            for method in sorted(route.methods)
+        ]
+        refusal = route_error(
+            request.method, request.url.path, error.status_code, error.detail, error.__cause__, endpoints
+        )
+        return refusal.response()
 
     async def respond(job: _Job, request: Request) -> Response:
         gone = Response(status_code=499)  # nginx's "client closed request": nobody reads it
