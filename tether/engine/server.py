@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
@@ -448,6 +450,24 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     return app
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, taken before a model loads: a port in use then fails at once, and
+    nothing can take it between the check and the server starting."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {host}:{port}: {error}; expected a local address") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: not a listening port
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        reason = "the port is already in use" if error.errno == errno.EADDRINUSE else error.strerror
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}; pass another --port") from None
+    return sock
+
+
 def serve(
     model: str | Path,
     host: str = "127.0.0.1",
@@ -456,21 +476,26 @@ def serve(
     model_name: str | None = None,
     max_pending_requests: int = 1024,
     log_level: str = "info",
+    listener: socket.socket | None = None,
     **engine_options: Any,
 ) -> None:
-    """Load `model` (a folder or a cached registered name), then serve it with uvicorn until interrupted."""
+    """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
+    registered name), then serve it with uvicorn until interrupted."""
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
     from tether.models import configure_threads
 
-    configure_threads()
-    engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
-    engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
-    async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
-    app = create_app(async_engine, tokenizer, model_name or Path(model).name)
-    async_engine.start()
-    try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
-    finally:
-        async_engine.shutdown()
+    sock = listener or listen(host, port)
+    with sock:
+        configure_threads()
+        engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
+        engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
+        async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
+        app = create_app(async_engine, tokenizer, model_name or Path(model).name)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
+        async_engine.start()
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            async_engine.shutdown()
