@@ -377,7 +377,10 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     app = FastAPI(title="tether", summary="OpenAI-compatible inference over tether's engine")
     app.state.server = server
 
-    schemas = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+    schemas: dict[str, type[GenerationRequest]] = {
+        "/v1/chat/completions": ChatCompletionRequest,
+        "/v1/completions": CompletionRequest,
+    }
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> Response:
@@ -396,7 +399,7 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
             f"{method} {route.path}"
             for route in app.routes
             if isinstance(route, APIRoute)
-            for method in sorted(route.methods)
+            for method in sorted(route.methods or ())
         ]
         refusal = route_error(
             request.method, request.url.path, error.status_code, error.detail, error.__cause__, endpoints
