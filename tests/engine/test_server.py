@@ -284,6 +284,7 @@ BAD_REQUESTS = [
     ("surrogate-in-stop", TEXT, text(stop=["ok", "\ud83d"]), 400, "stop"),
     ("surrogate-in-model", TEXT, {**text(), "model": "\ud800"}, 400, "model"),
     ("surrogate-in-unknown-field", TEXT, {**text(), "\ud800": 1}, 400, None),
+    ("not-utf-8", TEXT, b'{"model": "\xff"}', 400, None),
     ("nested-100000-deep", TEXT, deeply_nested(), 400, None),
     ("nested-100000-deep-chat", CHAT, deeply_nested(), 400, None),
     ("prompt-nested-500-deep", TEXT, b'{"model": "m", "prompt": ' + deeply_nested(500) + b"}", 400, "prompt"),

@@ -288,6 +288,6 @@ def native_attention(
 
 
 def _vector(kernel: AttentionKernel) -> bool:
-    if kernel is AttentionKernel.TORCH_SDPA:
-        raise ValueError("the C kernel was asked to run attention that torch SDPA serves (see `kernel_for`)")
+    """The C kernel's `vector` argument for one of its paths."""
+    assert kernel is not AttentionKernel.TORCH_SDPA, "attention torch SDPA serves reached the C kernel"
     return kernel is AttentionKernel.C_AVX2

@@ -193,4 +193,6 @@ def route_error(
         return APIError(status, message, None, "unsupported_endpoint")
     if isinstance(cause, RecursionError):
         return APIError(status, "the body is nested too deeply to parse as JSON")
+    if cause is not None:  # such as bytes that are not UTF-8
+        return APIError(status, f"the body is not valid JSON: {cause}")
     return APIError(status, detail)
