@@ -48,11 +48,12 @@ def test_free_port_serves_the_model(tmp_path: Path) -> None:
     folder = make_tiny_model(tmp_path, "qwen3", seed=0)
     port = free_port()
     command = [TETHER, "serve", "--model", str(folder), "--port", str(port), "--kv-cache-mib", "4"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert process.poll() is None, process.communicate()[0]
+            assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "tether serve did not become healthy"
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
@@ -61,6 +62,7 @@ def test_free_port_serves_the_model(tmp_path: Path) -> None:
                 time.sleep(0.2)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert [card["id"] for card in models["data"]] == [folder.name]
+        assert f"Uvicorn running on http://127.0.0.1:{port}" in log.read_text()
     finally:
         process.terminate()
         process.wait(30)

@@ -176,7 +176,8 @@ def validation_error(error: RequestValidationError, model: type[BaseModel] | Non
             unsupported = unsupported or len(location) == 1
             problems.append(f"{name}: not supported by this server")
         else:
-            problems.append(f"{name}: {problem.get('msg')} (got {_quote(problem.get('input'))})")
+            reason = str(problem.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for ours
+            problems.append(f"{name}: {reason} (got {_quote(problem.get('input'))})")
     message = "; ".join(problems) or "invalid request"
     if unsupported and model is not None:
         message += f". Supported fields: {', '.join(model.model_fields)}"

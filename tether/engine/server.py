@@ -499,6 +499,23 @@ def serve(
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
         async_engine.start()
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            _announcing_server(config).run(sockets=[sock])
         finally:
             async_engine.shutdown()
+
+
+def _announcing_server(config: Any) -> Any:
+    """uvicorn's server for `config`, saying where it listens once it does: uvicorn is silent about the
+    sockets it is handed, and the model may have taken a while to load."""
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if sockets and not self.should_exit:
+                host, port = sockets[0].getsockname()[:2]
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+                )
+
+    return Announcing(config)
