@@ -24,6 +24,7 @@ from tests.fuzz import (
     assert_client_error_or_success,
     deeply_nested,
     encode,
+    json_values,
     mutated_bodies,
     surrogate_text,
 )
@@ -355,11 +356,14 @@ async def test_unknown_endpoint_gets_json_error_listing_the_supported_ones(
         assert endpoint in error["message"]
 
 
-def _post(app: FastAPI, path: str, content: bytes) -> httpx.Response:
+def _request(app: FastAPI, path: str, content: bytes, method: str = "POST") -> httpx.Response:
+    """One request of a JSON body, from a synchronous test (hypothesis runs its examples synchronously)."""
+
     async def send() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://tether", timeout=60) as client:
-            return await client.post(path, content=content, headers={"content-type": "application/json"})
+            headers = {"content-type": "application/json"}
+            return await client.request(method, path, content=content, headers=headers)
 
     return asyncio.run(send())
 
@@ -382,8 +386,27 @@ def test_fuzzed_bodies_get_a_client_error_or_a_completion(
     def property(body: dict[str, Any], max_tokens: int) -> None:
         if body.get("max_tokens") is None or body.get("n") not in (None, 1):
             body = {**body, "max_tokens": max_tokens}  # keep every accepted request to a few tokens
-        response = _post(app, path, encode(body))
+        response = _request(app, path, encode(body))
         assert_client_error_or_success(response.status_code, response.content, route=path)
+
+    property()
+
+
+def test_any_method_and_body_on_any_route_gets_a_client_error_or_a_success(
+    served: tuple[AsyncEngine, FastAPI],
+) -> None:
+    app = served[1]
+    paths = [CHAT, TEXT, "/v1/models", "/healthz", "/metrics", "/v1/embeddings", "/v1/models/x", "/"]
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+        path=st.sampled_from(paths),
+        body=json_values,
+    )
+    def property(method: str, path: str, body: Any) -> None:
+        response = _request(app, path, encode(body), method)
+        assert_client_error_or_success(response.status_code, response.content, route=f"{method} {path}")
 
     property()
 
@@ -420,7 +443,7 @@ def test_lone_surrogate_in_any_text_field_is_refused_naming_the_field(
     @given(place=st.sampled_from(TEXT_FIELDS[path]), value=surrogate_text)
     def property(place: tuple[str, Any], value: str) -> None:
         field, fields = place
-        response = _post(app, path, encode({**FUZZ_EXAMPLES[path], **fields(value)}))
+        response = _request(app, path, encode({**FUZZ_EXAMPLES[path], **fields(value)}))
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == field and "lone UTF-16 surrogate" in error["message"], error
