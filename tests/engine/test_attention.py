@@ -1,4 +1,5 @@
-"""Decode attention over the paged cache: the C kernel against the torch path, and its bounds checks."""
+"""Decode attention over the paged cache: the C kernel's AVX2 and portable paths against the torch path,
+which path each CPU takes, and the kernel's bounds checks."""
 
 from __future__ import annotations
 
@@ -7,13 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from tether.engine import _paged
 from tether.engine.attention import (
+    AttentionKernel,
     AttentionMetadata,
     SequenceSpan,
+    attention_kernel,
     decode_native,
     decode_torch,
-    native_decode_applies,
+    kernel_for,
 )
+from tether.models import cpu
+from tether.models.cpu import CpuFeature
+
+# The portable path runs on every CPU; the AVX2 one only where the CPU has it (skipped elsewhere).
+NEEDS_AVX2 = pytest.mark.skipif(CpuFeature.AVX2_FMA not in cpu.detected(), reason="CPU without AVX2/FMA")
+NATIVE_PATHS = [AttentionKernel.C_PORTABLE, pytest.param(AttentionKernel.C_AVX2, marks=NEEDS_AVX2)]
 
 
 def random_decode_problem(
@@ -34,24 +44,80 @@ def random_decode_problem(
     return q, keys, values, metadata
 
 
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim", "block_size"),
-    # head_dim 64, 128 and 24 take the AVX2 path where the CPU has it, 36 and 20 plain C
-    [(9, 3, 64, 16), (4, 4, 36, 4), (8, 2, 128, 8), (6, 1, 20, 3)],
-)
-def test_native_decode_matches_torch(heads: int, kv_heads: int, head_dim: int, block_size: int) -> None:
+SHAPES = [(9, 3, 64, 16), (8, 2, 128, 8), (4, 4, 24, 4), (6, 1, 20, 3), (4, 4, 36, 4)]
+
+
+@pytest.mark.parametrize("kernel", NATIVE_PATHS)
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+def test_native_decode_matches_torch(
+    kernel: AttentionKernel, heads: int, kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    if kernel is AttentionKernel.C_AVX2 and head_dim % 8:
+        pytest.skip("the AVX2 path takes head_dim multiples of 8")
     lengths = [1, 7, 33, 64, 129, 5, 300]
     q, keys, values, metadata = random_decode_problem(0, lengths, heads, kv_heads, head_dim, block_size)
     assert metadata.decode is not None
-    assert native_decode_applies(q, keys, values)
+    assert kernel_for(q, keys, values) is not AttentionKernel.TORCH_SDPA
     native, reference = torch.full_like(q, torch.nan), torch.full_like(q, torch.nan)
-    decode_native(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, native)
+    decode_native(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, native, kernel)
     decode_torch(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, reference)
     torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [64, 20])
-def test_native_decode_gives_the_same_bits_on_any_thread_count(head_dim: int) -> None:
+@pytest.mark.parametrize(
+    ("features", "dtype", "head_dim", "kernel"),
+    [
+        ({CpuFeature.AVX2_FMA}, torch.float32, 64, AttentionKernel.C_AVX2),
+        ({CpuFeature.AVX2_FMA, CpuFeature.ONEDNN}, torch.float32, 128, AttentionKernel.C_AVX2),
+        ({CpuFeature.AVX2_FMA}, torch.float32, 20, AttentionKernel.C_PORTABLE),
+        (set(), torch.float32, 64, AttentionKernel.C_PORTABLE),
+        ({CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16}, torch.float32, 64, AttentionKernel.C_PORTABLE),
+        (set(CpuFeature), torch.bfloat16, 64, AttentionKernel.TORCH_SDPA),
+        (set(), torch.bfloat16, 64, AttentionKernel.TORCH_SDPA),
+    ],
+)
+def test_attention_kernel_follows_the_cpu_features(
+    features: set[CpuFeature], dtype: torch.dtype, head_dim: int, kernel: AttentionKernel
+) -> None:
+    assert attention_kernel(frozenset(features), dtype, head_dim) is kernel
+
+
+@pytest.mark.parametrize("head_dim", [8, 20, 64])
+def test_the_kernel_and_the_detection_agree_on_avx2(head_dim: int) -> None:
+    detected = attention_kernel(cpu.detected(), torch.float32, head_dim) is AttentionKernel.C_AVX2
+    assert _paged.avx2_fits(head_dim) == detected
+
+
+@NEEDS_AVX2
+def test_portable_and_avx2_paths_agree_closely() -> None:
+    q, keys, values, metadata = random_decode_problem(4, [2, 50, 300], 8, 2, 64, 16)
+    assert metadata.decode is not None
+    outs = []
+    for kernel in (AttentionKernel.C_PORTABLE, AttentionKernel.C_AVX2):
+        out = torch.full_like(q, torch.nan)
+        decode_native(q, keys, values, metadata.decode, 2, 0.125, out, kernel)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_avx2_path_refuses_a_head_dim_it_cannot_take() -> None:
+    q, keys, values, metadata = random_decode_problem(5, [9], 2, 1, 20, 4)
+    assert metadata.decode is not None
+    with pytest.raises(ValueError, match=r"AVX2 path needs .* multiple of 8 \(head_dim 20\)"):
+        decode_native(q, keys, values, metadata.decode, 1, 1.0, torch.empty_like(q), AttentionKernel.C_AVX2)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "kernel"),
+    [
+        pytest.param(64, AttentionKernel.C_AVX2, marks=NEEDS_AVX2),
+        (64, AttentionKernel.C_PORTABLE),
+        (20, AttentionKernel.C_PORTABLE),
+    ],
+)
+def test_native_decode_gives_the_same_bits_on_any_thread_count(
+    head_dim: int, kernel: AttentionKernel
+) -> None:
     """Work is split by (sequence, KV head); each is computed whole by one thread."""
     q, keys, values, metadata = random_decode_problem(1, [3, 90, 17, 200, 41], 6, 2, head_dim, 16)
     assert metadata.decode is not None
@@ -61,7 +127,7 @@ def test_native_decode_gives_the_same_bits_on_any_thread_count(head_dim: int) ->
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             out = torch.full_like(q, torch.nan)
-            decode_native(q, keys, values, metadata.decode, 2, head_dim**-0.5, out)
+            decode_native(q, keys, values, metadata.decode, 2, head_dim**-0.5, out, kernel)
             results.append(out)
     finally:
         torch.set_num_threads(threads)
@@ -80,24 +146,27 @@ def test_the_kernel_shares_torchs_openmp_runtime() -> None:
 def test_native_decode_ignores_stale_cache_beyond_each_length() -> None:
     q, keys, values, metadata = random_decode_problem(1, [3, 20], 4, 2, 16, 8)
     assert metadata.decode is not None
+    kernel = kernel_for(q, keys, values)
     before = torch.empty_like(q)
-    decode_native(q, keys, values, metadata.decode, 2, 0.25, before)
+    decode_native(q, keys, values, metadata.decode, 2, 0.25, before, kernel)
     tables = metadata.decode.tables
     keys[tables[0, 0], 3:] = 1e6  # slots past the first sequence's 3 tokens, in its own block
     after = torch.empty_like(q)
-    decode_native(q, keys, values, metadata.decode, 2, 0.25, after)
+    decode_native(q, keys, values, metadata.decode, 2, 0.25, after, kernel)
     torch.testing.assert_close(before, after, rtol=0, atol=0)
 
 
-def test_native_decode_rejects_a_block_id_outside_the_cache() -> None:
+@pytest.mark.parametrize("kernel", NATIVE_PATHS)
+def test_native_decode_rejects_a_block_id_outside_the_cache(kernel: AttentionKernel) -> None:
     q, keys, values, metadata = random_decode_problem(2, [10, 10], 2, 1, 8, 4)
     assert metadata.decode is not None
     metadata.decode.tables[1, 1] = keys.shape[0] + 3
     with pytest.raises(ValueError, match="block id or length is out of range"):
-        decode_native(q, keys, values, metadata.decode, 1, 1.0, torch.empty_like(q))
+        decode_native(q, keys, values, metadata.decode, 1, 1.0, torch.empty_like(q), kernel)
 
 
 def test_native_decode_does_not_apply_to_other_dtypes_or_layouts() -> None:
     q, keys, values, _ = random_decode_problem(3, [4], 2, 1, 8, 4)
-    assert not native_decode_applies(q.double(), keys.double(), values.double())
-    assert not native_decode_applies(q, keys.transpose(0, 1), values)
+    assert kernel_for(q.double(), keys.double(), values.double()) is AttentionKernel.TORCH_SDPA
+    assert kernel_for(q.bfloat16(), keys.bfloat16(), values.bfloat16()) is AttentionKernel.TORCH_SDPA
+    assert kernel_for(q, keys.transpose(0, 1), values) is AttentionKernel.TORCH_SDPA

@@ -17,7 +17,17 @@ import openai
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.fuzz import (
+    assert_client_error_or_success,
+    deeply_nested,
+    encode,
+    json_values,
+    mutated_bodies,
+    surrogate_text,
+)
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig, EngineStoppedError, _held_back
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
@@ -269,6 +279,16 @@ BAD_REQUESTS = [
     ("unknown-field", TEXT, text(frobnicate=1), 400, "frobnicate"),
     ("malformed-json", TEXT, b'{"model": ', 400, None),
     ("not-an-object", TEXT, b"[1, 2]", 400, None),
+    ("surrogate-in-prompt", TEXT, text("a\ud800b"), 400, "prompt"),
+    ("surrogate-in-prompt-start", TEXT, text("\udfff"), 400, "prompt"),
+    ("surrogate-in-message", CHAT, chat("hi \udc00"), 400, "messages.0.content"),
+    ("surrogate-in-stop", TEXT, text(stop=["ok", "\ud83d"]), 400, "stop"),
+    ("surrogate-in-model", TEXT, {**text(), "model": "\ud800"}, 400, "model"),
+    ("surrogate-in-unknown-field", TEXT, {**text(), "\ud800": 1}, 400, None),
+    ("not-utf-8", TEXT, b'{"model": "\xff"}', 400, None),
+    ("nested-100000-deep", TEXT, deeply_nested(), 400, None),
+    ("nested-100000-deep-chat", CHAT, deeply_nested(), 400, None),
+    ("prompt-nested-500-deep", TEXT, b'{"model": "m", "prompt": ' + deeply_nested(500) + b"}", 400, "prompt"),
 ]
 
 
@@ -280,10 +300,9 @@ BAD_REQUESTS = [
 async def test_bad_request_gets_openai_error(
     client: httpx.AsyncClient, path: str, body: Any, status: int, param: str | None
 ) -> None:
-    if isinstance(body, bytes):
-        response = await client.post(path, content=body, headers={"content-type": "application/json"})
-    else:
-        response = await client.post(path, json=body)
+    if not isinstance(body, bytes):
+        body = encode(body)
+    response = await client.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -291,6 +310,145 @@ async def test_bad_request_gets_openai_error(
     if param is not None:
         assert error["param"] is not None and error["param"].startswith(param), error
         assert param in error["message"] or status == 404
+
+
+UNSUPPORTED_FIELDS = [
+    (CHAT, "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    (CHAT, "tool_choice", "auto"),
+    (CHAT, "response_format", {"type": "json_object"}),
+    (TEXT, "frequency_penalty", 0.5),
+    (CHAT, "presence_penalty", 0.5),
+    (TEXT, "logit_bias", {"50256": -100}),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"), UNSUPPORTED_FIELDS, ids=[f[1] for f in UNSUPPORTED_FIELDS]
+)
+async def test_unsupported_field_is_named_with_the_supported_ones(
+    client: httpx.AsyncClient, path: str, field: str, value: Any
+) -> None:
+    body = (chat if path == CHAT else text)(**{field: value})
+    response = await client.post(path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error"
+    assert f"{field}: not supported by this server" in error["message"]
+    assert "Extra inputs" not in error["message"]
+    supported = error["message"].split("Supported fields: ")[1].split(", ")
+    assert {"model", "max_tokens", "temperature", "stop", "stream"} <= set(supported)
+    assert ("messages" in supported) == (path == CHAT) and ("prompt" in supported) == (path == TEXT)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("POST", "/v1/embeddings", 404), ("GET", "/v1/models/tiny-qwen3", 404), ("GET", TEXT, 405)],
+)
+async def test_unknown_endpoint_gets_json_error_listing_the_supported_ones(
+    client: httpx.AsyncClient, method: str, path: str, status: int
+) -> None:
+    response = await client.request(method, path, json={"model": MODEL, "input": "x"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "unsupported_endpoint"
+    assert f"{method} {path} is not supported by this server" in error["message"]
+    for endpoint in (f"POST {CHAT}", f"POST {TEXT}", "GET /v1/models", "GET /healthz", "GET /metrics"):
+        assert endpoint in error["message"]
+
+
+def _request(app: FastAPI, path: str, content: bytes, method: str = "POST") -> httpx.Response:
+    """One request of a JSON body, from a synchronous test (hypothesis runs its examples synchronously)."""
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tether", timeout=60) as client:
+            headers = {"content-type": "application/json"}
+            return await client.request(method, path, content=content, headers=headers)
+
+    return asyncio.run(send())
+
+
+# Short generations: the property is about refusals, and a mutated body may drop max_tokens.
+FUZZ_EXAMPLES = {
+    CHAT: {**chat(), "max_tokens": 2, "stop": ["x"], "temperature": 0.5, "n": 1, "stream": False},
+    TEXT: {**text(), "max_tokens": 2, "stop": "x", "seed": 1, "top_k": 5, "stream": False},
+}
+
+
+@pytest.mark.parametrize("path", [CHAT, TEXT])
+def test_fuzzed_bodies_get_a_client_error_or_a_completion(
+    served: tuple[AsyncEngine, FastAPI], path: str
+) -> None:
+    app = served[1]
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(body=mutated_bodies(FUZZ_EXAMPLES[path]), max_tokens=st.integers(1, 3))
+    def property(body: dict[str, Any], max_tokens: int) -> None:
+        if body.get("max_tokens") is None or body.get("n") not in (None, 1):
+            body = {**body, "max_tokens": max_tokens}  # keep every accepted request to a few tokens
+        response = _request(app, path, encode(body))
+        assert_client_error_or_success(response.status_code, response.content, route=path)
+
+    property()
+
+
+def test_any_method_and_body_on_any_route_gets_a_client_error_or_a_success(
+    served: tuple[AsyncEngine, FastAPI],
+) -> None:
+    app = served[1]
+    paths = [CHAT, TEXT, "/v1/models", "/healthz", "/metrics", "/v1/embeddings", "/v1/models/x", "/"]
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+        path=st.sampled_from(paths),
+        body=json_values,
+    )
+    def property(method: str, path: str, body: Any) -> None:
+        response = _request(app, path, encode(body), method)
+        assert_client_error_or_success(response.status_code, response.content, route=f"{method} {path}")
+
+    property()
+
+
+# Where a client's text goes, per route: the field, and how a string is placed there.
+TEXT_FIELDS: dict[str, list[tuple[str, Any]]] = {
+    CHAT: [
+        ("model", lambda s: {"model": s}),
+        ("messages.0.content", lambda s: {"messages": [{"role": "user", "content": s}]}),
+        (
+            "messages.0.content.0.text",
+            lambda s: {"messages": [{"role": "user", "content": [{"type": "text", "text": s}]}]},
+        ),
+        ("messages.0.name", lambda s: {"messages": [{"role": "user", "content": "hi", "name": s}]}),
+        ("stop", lambda s: {"stop": [s]}),
+        ("user", lambda s: {"user": s}),
+    ],
+    TEXT: [
+        ("model", lambda s: {"model": s}),
+        ("prompt", lambda s: {"prompt": s}),
+        ("stop", lambda s: {"stop": s}),
+        ("user", lambda s: {"user": s}),
+    ],
+}
+
+
+@pytest.mark.parametrize("path", [CHAT, TEXT])
+def test_lone_surrogate_in_any_text_field_is_refused_naming_the_field(
+    served: tuple[AsyncEngine, FastAPI], path: str
+) -> None:
+    app = served[1]
+
+    @settings(max_examples=60, deadline=None)
+    @given(place=st.sampled_from(TEXT_FIELDS[path]), value=surrogate_text)
+    def property(place: tuple[str, Any], value: str) -> None:
+        field, fields = place
+        response = _request(app, path, encode({**FUZZ_EXAMPLES[path], **fields(value)}))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and "lone UTF-16 surrogate" in error["message"], error
+
+    property()
 
 
 async def test_metrics_health_and_models(client: httpx.AsyncClient) -> None:

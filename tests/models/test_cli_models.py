@@ -1,13 +1,16 @@
-"""`tether models pull/list` as a user runs them."""
+"""`tether models pull/list/doctor` as a user runs them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tether.cli.models import app
+from tether.models import cpu
+from tether.models.cpu import CpuFeature
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -31,3 +34,42 @@ def test_pull_of_an_unknown_model_exits_non_zero_naming_it(tmp_path: Path) -> No
     assert result.exit_code == 2
     assert "gpt-17" in result.output
     assert SMOLLM2 in result.output
+
+
+@pytest.mark.parametrize(
+    ("features", "float32", "bfloat16"),
+    [
+        (
+            {CpuFeature.AVX2_FMA, CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16},
+            ("oneDNN, prepacked weights", "C kernel, AVX2"),
+            ("oneDNN, prepacked weights", "torch SDPA"),
+        ),
+        (
+            {CpuFeature.AVX2_FMA, CpuFeature.ONEDNN},  # an AMD EPYC without AVX-512
+            ("oneDNN, prepacked weights", "C kernel, AVX2"),
+            ("torch F.linear (MKL)", "torch SDPA"),
+        ),
+        (set(), ("torch F.linear (MKL)", "C kernel, portable"), ("torch F.linear (MKL)", "torch SDPA")),
+    ],
+    ids=["avx512", "avx2-only", "none"],
+)
+def test_doctor_names_the_kernel_path_each_dtype_takes(
+    monkeypatch: pytest.MonkeyPatch,
+    features: set[CpuFeature],
+    float32: tuple[str, str],
+    bfloat16: tuple[str, str],
+) -> None:
+    monkeypatch.setattr(cpu, "detected", lambda: frozenset(features))
+    result = runner.invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["features"] == {feature.value: feature in features for feature in CpuFeature}
+    for dtype, (projections, attention) in (("float32", float32), ("bfloat16", bfloat16)):
+        assert report["kernels"][dtype] == {"projections": projections, "decode_attention": attention}
+    table = runner.invoke(app, ["doctor"], terminal_width=200)
+    assert table.exit_code == 0 and f"float32  │ {float32[0]}" in table.stdout
+
+
+def test_doctor_reports_this_cpus_own_features() -> None:
+    report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+    assert report["features"] == {feature.value: feature in cpu.detected() for feature in CpuFeature}

@@ -10,8 +10,12 @@ from typing import Any
 import pytest
 import torch
 
+from tether.engine import attention
+from tether.engine.attention import AttentionKernel, attention_kernel
 from tether.engine.model_runner import ModelRunner, SequenceChunk, WeightUpdateError, make_batch
-from tether.models import ModelConfig, load
+from tether.models import ModelConfig, cpu, load, prepack
+from tether.models.cpu import CpuFeature
+from tether.models.prepack import ProjectionKernel, projection_kernel
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3"]
 BLOCK_SIZE = 4
@@ -182,3 +186,46 @@ def test_bfloat16_weights_and_cache_stay_close_to_float32(tiny_model: Callable[[
     runner = ModelRunner(half, num_blocks=8, block_size=BLOCK_SIZE)
     assert runner.kv_cache.keys[0].dtype == torch.bfloat16
     torch.testing.assert_close(runner.step([chunk]), reference_logits, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "removed",
+    [set(), {CpuFeature.ONEDNN_BF16}, {CpuFeature.AVX2_FMA}, {CpuFeature.ONEDNN}, set(CpuFeature)],
+    ids=["this-cpu", "no-onednn-bf16", "no-avx2", "no-onednn", "none"],
+)
+def test_every_cpu_path_takes_its_kernels_and_stays_close_to_transformers(
+    dtype: torch.dtype,
+    removed: set[CpuFeature],
+    tiny_model: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """This machine with features taken away runs each fallback: an AVX2-only CPU packs no bfloat16
+    weights, a CPU without AVX2 takes the C kernel's portable path, one without oneDNN plain F.linear."""
+    features = cpu.detected() - removed
+    monkeypatch.setattr(cpu, "detected", lambda: features)
+    packed_calls, vector_flags = [], []
+    linear, decode_attention = prepack.linear, attention._paged.decode_attention
+    monkeypatch.setattr(prepack, "linear", lambda *a: packed_calls.append(1) or linear(*a))
+    monkeypatch.setattr(
+        attention._paged, "decode_attention", lambda *a: vector_flags.append(a[-1]) or decode_attention(*a)
+    )
+    folder = tiny_model("qwen3")
+    model, _, config = load(folder, dtype=dtype)
+    runner = ModelRunner(model, num_blocks=8, block_size=BLOCK_SIZE)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    prefill = runner.step([SequenceChunk(prompt, 0, [5, 2, 7])])
+    decoded = runner.step([SequenceChunk([7], len(prompt), [5, 2, 7])])
+
+    hf = reference(folder)
+    tolerance = 1e-4 if dtype == torch.float32 else 0.05
+    for logits, tokens in ((prefill[0], prompt), (decoded[0], [*prompt, 7])):
+        expected = reference_last_logits(hf, tokens)
+        torch.testing.assert_close(logits.float(), expected, atol=tolerance, rtol=tolerance)
+    packs = projection_kernel(features, dtype) is ProjectionKernel.ONEDNN_PACKED
+    assert bool(packed_calls) == packs
+    kernel = attention_kernel(features, dtype, config.head_dim)
+    if kernel is AttentionKernel.TORCH_SDPA:
+        assert vector_flags == []
+    else:
+        assert vector_flags and set(vector_flags) == {kernel is AttentionKernel.C_AVX2}

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk, make_batch
-from tether.models import load, prepack
+from tether.models import cpu, load, prepack
+from tether.models.cpu import CpuFeature
 from tether.models.layers import BATCH_INVARIANT_ROWS, Linear, stacked_projections
 
-pytestmark = pytest.mark.skipif(not prepack.ONEDNN_LINEAR, reason="torch built without oneDNN")
+pytestmark = pytest.mark.skipif(CpuFeature.ONEDNN not in cpu.detected(), reason="torch built without oneDNN")
 
 
 def layer(in_features: int, out_features: int, bias: bool, seed: int = 0) -> Linear:
@@ -122,8 +123,40 @@ def test_a_cached_layer_can_be_copied_and_pickled() -> None:
 def test_pack_rejects_what_onednn_cannot_pack() -> None:
     with pytest.raises(ValueError, match=r"cannot prepack a torch\.int8 weight"):
         prepack.pack(torch.zeros(4, 4, dtype=torch.int8))
-    with pytest.raises(ValueError, match="2-d float32 or bfloat16"):
+    with pytest.raises(ValueError, match="expected a 2-d CPU tensor"):
         prepack.pack(torch.zeros(4))
+
+
+def test_pack_refuses_bfloat16_on_a_cpu_without_onednns_bf16_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What `mkldnn_reorder_linear_weight` died of on an AVX2-only AMD EPYC; now refused before it is called.
+    monkeypatch.setattr(cpu, "detected", lambda: frozenset({CpuFeature.ONEDNN, CpuFeature.AVX2_FMA}))
+    weight = torch.zeros(8, 8, dtype=torch.bfloat16)
+    assert not prepack.supports(weight)
+    with pytest.raises(ValueError, match=r"this CPU and torch build pack: float32$"):
+        prepack.pack(weight)
+
+
+ALL = frozenset(CpuFeature)
+AVX2_ONLY = frozenset({CpuFeature.AVX2_FMA, CpuFeature.ONEDNN})  # an AMD EPYC without AVX-512
+
+
+@pytest.mark.parametrize(
+    ("features", "dtype", "kernel"),
+    [
+        (ALL, torch.float32, prepack.ProjectionKernel.ONEDNN_PACKED),
+        (ALL, torch.bfloat16, prepack.ProjectionKernel.ONEDNN_PACKED),
+        (AVX2_ONLY, torch.float32, prepack.ProjectionKernel.ONEDNN_PACKED),
+        (AVX2_ONLY, torch.bfloat16, prepack.ProjectionKernel.TORCH_LINEAR),
+        (frozenset(), torch.float32, prepack.ProjectionKernel.TORCH_LINEAR),
+        (frozenset({CpuFeature.ONEDNN_BF16}), torch.bfloat16, prepack.ProjectionKernel.TORCH_LINEAR),
+        (ALL, torch.float16, prepack.ProjectionKernel.TORCH_LINEAR),
+        (ALL, torch.int8, prepack.ProjectionKernel.TORCH_LINEAR),
+    ],
+)
+def test_projection_kernel_follows_the_cpu_features(
+    features: frozenset[CpuFeature], dtype: torch.dtype, kernel: prepack.ProjectionKernel
+) -> None:
+    assert prepack.projection_kernel(features, dtype) is kernel
 
 
 def test_model_switches_reach_every_projection(tiny_model: Callable[[str], Path]) -> None:

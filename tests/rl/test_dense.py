@@ -9,6 +9,7 @@ from unittest import mock
 import pytest
 import torch
 
+from tether.engine.attention import AttentionKernel
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.models import load
@@ -180,10 +181,10 @@ def test_engine_attention_in_the_dense_forward_has_torchs_gradients(
     folder = tiny_model("qwen3")
     batch = DenseBatch.shared_prefix([([5, 6, 7, 8], [[9, 10, 11], [12]])])
     grads = []
-    for native in (True, False):
+    for kernel in (AttentionKernel.C_PORTABLE, AttentionKernel.TORCH_SDPA):
         model, _, _ = load(folder)
         model.requires_grad_(True)
-        with mock.patch("tether.models.dense.native_decode_applies", return_value=native):
+        with mock.patch("tether.models.dense.kernel_for", return_value=kernel):
             logprobs = token_logprobs(model, batch, [(4, 7), (4, 5)])
         torch.autograd.backward(torch.cat(logprobs).sum())
         grads.append({n: p.grad for n, p in model.named_parameters()})

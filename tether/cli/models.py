@@ -1,4 +1,5 @@
-"""`tether models ...`: pull a registered model into the local cache and list what is cached."""
+"""`tether models ...`: pull a registered model into the local cache, list what is cached, and name the
+kernels this CPU runs them with."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from tether.cli.common import CacheDirOption, cache_root, err_console, print_jso
 from tether.models.cache import list_cached, pull
 from tether.models.registry import KNOWN_MODELS
 
-app = typer.Typer(help="Models: pull registered models into the cache, list them.", no_args_is_help=True)
+app = typer.Typer(
+    help="Models: pull registered models into the cache, list them, check this CPU's kernels.",
+    no_args_is_help=True,
+)
 console = Console()
 
 
@@ -64,3 +68,50 @@ def list_command(
             str(m.path),
         )
     console.print(table)
+
+
+@app.command("doctor")
+def doctor_command(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of tables.")] = False,
+) -> None:
+    """The kernel each dtype's projections and decode attention take on this CPU, and the CPU features
+    (present or missing) that decide it; a missing one means a slower fallback, never a failure."""
+    import torch
+
+    from tether.engine.attention import attention_kernel
+    from tether.models.cpu import USES, cpu_model, detected
+    from tether.models.prepack import projection_kernel
+
+    features = detected()
+    head_dim = 64  # every registered model's; a head_dim that is not a multiple of 8 takes the portable path
+    kernels = {
+        str(dtype).removeprefix("torch."): (
+            projection_kernel(features, dtype).value,
+            attention_kernel(features, dtype, head_dim).value,
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    if as_json:
+        print_json(
+            {
+                "cpu": cpu_model(),
+                "features": {feature.value: feature in features for feature in USES},
+                "kernels": {
+                    dtype: {"projections": projections, "decode_attention": attention}
+                    for dtype, (projections, attention) in kernels.items()
+                },
+            }
+        )
+        return
+    table = Table(title=f"CPU features ({cpu_model()})")
+    for column in ("feature", "present", "used for"):
+        table.add_column(column)
+    for feature, use in USES.items():
+        table.add_row(feature.value, "yes" if feature in features else "no", use)
+    console.print(table)
+    paths = Table(title="kernel paths on this CPU")
+    for column in ("dtype", "projections", f"decode attention (head_dim {head_dim})"):
+        paths.add_column(column, no_wrap=True)
+    for dtype, (projections, attention) in kernels.items():
+        paths.add_row(dtype, projections, attention)
+    console.print(paths)

@@ -31,9 +31,10 @@ def serve_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
-    from tether.engine.server import serve
+    from tether.engine.server import listen, serve
 
     with user_errors():
+        listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
         folder = Path(model)
         name = folder.name
         if not folder.is_dir():
@@ -51,4 +52,5 @@ def serve_command(
             max_pending_requests=max_pending_requests,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            listener=listener,
         )

@@ -7,7 +7,9 @@
  * (sequence, KV head) pair: the query heads sharing that KV head (grouped-query attention) are scored
  * together, so each cached row is loaded once per group. Softmax is exact (max-subtracted, float32
  * accumulation), two passes over the scores. Paths: AVX2 (head_dim a multiple of 8) and portable C; an
- * AVX-512 variant measured no faster (decode attention is bound by reading the cache). The work items
+ * AVX-512 variant measured no faster (decode attention is bound by reading the cache). The caller picks
+ * the path (`attention_kernel`, from the CPU's features), so the portable one runs and is tested on any
+ * CPU; asking for AVX2 where the CPU lacks it or head_dim does not fit is a ValueError. The work items
  * are split over threads of torch's own OpenMP runtime (built with -fopenmp, the process's libgomp.so.1
  * is torch's): a second pool of threads competed with torch's spinning workers for the cores, which
  * made a 2-thread decode step of one sequence 60% slower than on 1 thread.
@@ -33,6 +35,7 @@ typedef struct {
     float *out;             /* [batch, heads, head_dim] */
     int64_t batch, heads, kv_heads, head_dim, block_size, width, num_blocks;
     float scale;
+    int vector; /* take the AVX2 path (checked by decode_attention) */
 } Problem;
 
 typedef struct {
@@ -197,9 +200,19 @@ AVX2 static void attend_avx2(Slice *slice) {
 }
 #endif
 
+/* Whether the AVX2 path can serve a problem of this head_dim on this CPU. */
+static int avx2_fits(int64_t head_dim) {
+#if defined(__x86_64__)
+    return head_dim % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    (void)head_dim;
+    return 0;
+#endif
+}
+
 static void attend(Slice *slice) {
 #if defined(__x86_64__)
-    if (slice->p->head_dim % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (slice->p->vector) {
         attend_avx2(slice);
         return;
     }
@@ -212,21 +225,28 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, tables, lengths, out;
     Problem p;
     long long batch, heads, kv_heads, head_dim, block_size, width, num_blocks, longest;
-    int threads;
+    int threads, vector;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLfi", &q, &k, &v, &tables, &lengths, &out, &batch, &heads,
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLfip", &q, &k, &v, &tables, &lengths, &out, &batch, &heads,
                           &kv_heads, &head_dim, &block_size, &width, &num_blocks, &longest, &scale,
-                          &threads))
+                          &threads, &vector))
         return NULL;
     if (batch < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1 || head_dim > MAX_HEAD_DIM || block_size < 1 || width < 1 || num_blocks < 1 ||
         longest < 1 || longest > width * block_size) {
         PyErr_SetString(PyExc_ValueError, "decode_attention: shapes out of range");
         return NULL;
     }
+    if (vector && !avx2_fits(head_dim)) {
+        PyErr_Format(PyExc_ValueError,
+                     "decode_attention: the AVX2 path needs a CPU with AVX2 and FMA and a head_dim that is a "
+                     "multiple of 8 (head_dim %lld); use the portable path",
+                     head_dim);
+        return NULL;
+    }
     p = (Problem){(const float *)(uintptr_t)q, (const float *)(uintptr_t)k, (const float *)(uintptr_t)v,
                   (const int64_t *)(uintptr_t)tables, (const int64_t *)(uintptr_t)lengths,
                   (float *)(uintptr_t)out, batch, heads, kv_heads, head_dim, block_size, width,
-                  num_blocks, scale};
+                  num_blocks, scale, vector};
     const int64_t items = batch * kv_heads, group = heads / kv_heads;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
@@ -256,11 +276,21 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *avx2_fits_py(PyObject *self, PyObject *args) {
+    (void)self;
+    long long head_dim;
+    if (!PyArg_ParseTuple(args, "L", &head_dim)) return NULL;
+    return PyBool_FromLong(avx2_fits(head_dim));
+}
+
 static PyMethodDef methods[] = {
     {"decode_attention", decode_attention, METH_VARARGS,
      "decode_attention(q, k, v, tables, lengths, out, batch, heads, kv_heads, head_dim, block_size, "
-     "width, num_blocks, longest, scale, threads): attention of one query token per sequence over its "
-     "paged K/V (raw float32/int64 pointers, validated by tether.engine.paged)."},
+     "width, num_blocks, longest, scale, threads, vector): attention of one query token per sequence "
+     "over its paged K/V (raw float32/int64 pointers, validated by tether.engine.attention); vector takes "
+     "the AVX2 path, else the portable one."},
+    {"avx2_fits", avx2_fits_py, METH_VARARGS,
+     "avx2_fits(head_dim): whether this CPU can take the AVX2 path for heads of head_dim."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged",

@@ -15,4 +15,6 @@ def decode_attention(
     longest: int,
     scale: float,
     threads: int,
+    vector: bool,
 ) -> None: ...
+def avx2_fits(head_dim: int) -> bool: ...

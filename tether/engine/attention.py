@@ -8,19 +8,52 @@ verification) is handled on its own, with a causal mask offset by its cached len
 attention never copies K/V per query head: the query heads of a group are folded into the query axis.
 On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that reads K/V
 straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
-row at a time, so a token's attention does not depend on its batch); elsewhere it is plain torch (SDPA,
-on CPU or CUDA).
+row at a time, so a token's attention does not depend on its batch): its AVX2 path where the CPU has AVX2
+and FMA, its portable path elsewhere (`attention_kernel`). Otherwise it is plain torch (SDPA, on CPU or
+CUDA).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
 
 from tether.engine import _paged  # after torch: its OpenMP runtime is then the one the kernel links to
+from tether.models import cpu
+from tether.models.cpu import CpuFeature
+
+
+class AttentionKernel(Enum):
+    C_AVX2 = "C kernel, AVX2"
+    C_PORTABLE = "C kernel, portable"
+    TORCH_SDPA = "torch SDPA"
+
+
+def attention_kernel(features: frozenset[CpuFeature], dtype: torch.dtype, head_dim: int) -> AttentionKernel:
+    """The kernel CPU attention over caches of `dtype` takes on a machine with `features`: the C kernel for
+    float32, on its AVX2 path where the CPU has AVX2 and FMA and head_dim is a multiple of 8."""
+    if dtype != torch.float32:
+        return AttentionKernel.TORCH_SDPA
+    if CpuFeature.AVX2_FMA in features and head_dim % 8 == 0:
+        return AttentionKernel.C_AVX2
+    return AttentionKernel.C_PORTABLE
+
+
+def kernel_for(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> AttentionKernel:
+    """The kernel attention of `q` over these caches takes on this machine: `attention_kernel` on CPU when
+    q and the caches share a dtype and the caches are in their allocated layout, else torch SDPA."""
+    if not (
+        q.device.type == "cpu"
+        and q.dtype == key_cache.dtype == value_cache.dtype
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+    ):
+        return AttentionKernel.TORCH_SDPA
+    return attention_kernel(cpu.detected(), q.dtype, q.shape[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +156,13 @@ def paged_attention(
     write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
     out = torch.empty_like(q)
     kv_heads = k.shape[1]
-    native = native_decode_applies(q, key_cache, value_cache)
+    kernel = kernel_for(q, key_cache, value_cache)
+    native = kernel is not AttentionKernel.TORCH_SDPA
     if metadata.decode is not None:
-        decode = decode_native if native else decode_torch
-        decode(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out)
+        if native:
+            decode_native(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out, kernel)
+        else:
+            decode_torch(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out)
     for chunk in metadata.chunks:
         span = chunk.span
         end = span.query_start + span.query_len
@@ -141,6 +177,7 @@ def paged_attention(
                 chunk.table[None, :].expand(span.query_len, -1).contiguous(),
                 torch.arange(span.start + 1, span.context_len + 1, device=q.device),
                 scale,
+                kernel,
             )
             continue
         keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
@@ -188,8 +225,9 @@ def decode_native(
     kv_heads: int,
     scale: float,
     out: torch.Tensor,
+    kernel: AttentionKernel,
 ) -> None:
-    """`decode_torch` computed by the C kernel, reading K/V in place (see `native_decode_applies`)."""
+    """`decode_torch` computed by the C kernel on `kernel`'s path, reading K/V in place (`kernel_for`)."""
     queries = q[group.rows].contiguous()
     attended = torch.empty_like(queries)
     _paged.decode_attention(
@@ -209,6 +247,7 @@ def decode_native(
         group.longest,
         scale,
         torch.get_num_threads(),
+        _vector(kernel),
     )
     out[group.rows] = attended
 
@@ -220,9 +259,10 @@ def native_attention(
     tables: torch.Tensor,
     lengths: torch.Tensor,
     scale: float,
+    kernel: AttentionKernel,
 ) -> torch.Tensor:
-    """The C kernel over any rows: query row i ([N, heads, head_dim]) attends, in order, to the first
-    lengths[i] cached rows its block table tables[i] names. float32 CPU only (`native_decode_applies`)."""
+    """The C kernel on `kernel`'s path over any rows: query row i ([N, heads, head_dim]) attends, in order,
+    to the first lengths[i] cached rows its block table tables[i] names. float32 CPU only (`kernel_for`)."""
     queries = q.contiguous()
     attended = torch.empty_like(queries)
     _paged.decode_attention(
@@ -242,15 +282,12 @@ def native_attention(
         int(lengths.max()),
         scale,
         torch.get_num_threads(),
+        _vector(kernel),
     )
     return attended
 
 
-def native_decode_applies(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    """Whether the C kernel can serve: CPU, float32 throughout, caches in their allocated layout."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype == key_cache.dtype == value_cache.dtype == torch.float32
-        and key_cache.is_contiguous()
-        and value_cache.is_contiguous()
-    )
+def _vector(kernel: AttentionKernel) -> bool:
+    """The C kernel's `vector` argument for one of its paths."""
+    assert kernel is not AttentionKernel.TORCH_SDPA, "attention torch SDPA serves reached the C kernel"
+    return kernel is AttentionKernel.C_AVX2

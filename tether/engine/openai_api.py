@@ -1,20 +1,60 @@
 """OpenAI's request schemas for chat and text completions, and errors in OpenAI's error format.
 
 Pure data and validation: the HTTP app (`server.py`) parses requests with these models and answers
-every problem as `{"error": {"message", "type", "param", "code"}}`.
+every problem as `{"error": {"message", "type", "param", "code"}}`. Fields the models do not declare
+(tools, response_format, penalties, logit_bias, ...) are refused as not supported by this server.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Literal
+import reprlib
+from collections.abc import Sequence
+from typing import Annotated, Literal
 
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 
-class _Strict(BaseModel):
+def _lone_surrogate(value: object) -> str | None:
+    """Where a string of `value` (a string or a list of them) holds a lone UTF-16 surrogate, if any."""
+    for index, text in enumerate(value if isinstance(value, list) else [value]):
+        if not isinstance(text, str):
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            where = f"item {index}, " if isinstance(value, list) else ""
+            return f"{text[error.start]!r} at {where}index {error.start}"
+    return None
+
+
+def _json_type(value: object) -> str:
+    return "list" if isinstance(value, list) else "str"
+
+
+# A string or a list, told apart by the JSON type sent: a refusal then names only the branch that applies
+# (the tag is left out of its location, see `validation_error`).
+StrOrTokens = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[int], Tag("list")], Discriminator(_json_type)
+]
+
+
+class _Request(BaseModel):
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: object) -> object:
+        """Strings must be Unicode text: a lone surrogate is valid JSON (an escape such as `\\ud800`) but
+        no character, which neither the tokenizer nor a response could encode."""
+        found = _lone_surrogate(value)
+        if found is not None:
+            raise ValueError(f"holds a lone UTF-16 surrogate ({found}): expected valid Unicode text")
+        return value
+
+
+class _Strict(_Request):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -44,14 +84,19 @@ class GenerationRequest(_Strict):
     """Extension: keep generating past the end-of-sequence token."""
 
 
-class ContentPart(BaseModel):
+class ContentPart(_Request):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: (
+        Annotated[
+            Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list")], Discriminator(_json_type)
+        ]
+        | None
+    ) = None
     name: str | None = None
 
     def as_template_input(self) -> dict[str, str]:
@@ -69,7 +114,7 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int]
+    prompt: StrOrTokens
     logprobs: int | None = None
     echo: bool = False
 
@@ -91,21 +136,34 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}},
-            status_code=self.status,
-        )
+    def response(self) -> Response:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        # ASCII with escapes: a name or value quoted from a bad request may hold a lone surrogate.
+        body = json.dumps({"error": error}, ensure_ascii=True, separators=(",", ":"))
+        return Response(body, status_code=self.status, media_type="application/json")
 
 
 SAMPLING_FIELD = re.compile(r"^sampling: (\w+) =")
 
 
-def validation_error(error: RequestValidationError) -> APIError:
+def _quote(value: object) -> str:
+    """A bad value as a message quotes it, shortened: a prompt or a nesting can be as large as the body."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, 80, 80
+    return short.repr(value)
+
+
+_UNION_TAGS = ("str", "list")
+
+
+def validation_error(error: RequestValidationError, model: type[BaseModel] | None = None) -> APIError:
+    """One 400 naming every problem of a request that `model` (the route's schema) refused; a field it
+    does not declare is not supported by this server, and the message then lists the fields that are."""
     problems = []
     param = None
+    unsupported = False
     for problem in error.errors():
-        location = [str(part) for part in problem.get("loc", ()) if part != "body"]
+        location = [str(part) for part in problem.get("loc", ()) if part not in ("body", *_UNION_TAGS)]
         if problem.get("type") == "json_invalid":
             problems.append(f"the body is not valid JSON: {problem.get('ctx', {}).get('error', '')}")
             continue
@@ -114,5 +172,28 @@ def validation_error(error: RequestValidationError) -> APIError:
             continue
         name = ".".join(location) or "body"
         param = param or name
-        problems.append(f"{name}: {problem.get('msg')} (got {problem.get('input')!r})")
-    return APIError(400, "; ".join(problems) or "invalid request", param)
+        if problem.get("type") == "extra_forbidden":
+            unsupported = unsupported or len(location) == 1
+            problems.append(f"{name}: not supported by this server")
+        else:
+            reason = str(problem.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for ours
+            problems.append(f"{name}: {reason} (got {_quote(problem.get('input'))})")
+    message = "; ".join(problems) or "invalid request"
+    if unsupported and model is not None:
+        message += f". Supported fields: {', '.join(model.model_fields)}"
+    return APIError(400, message, param)
+
+
+def route_error(
+    method: str, path: str, status: int, detail: str, cause: BaseException | None, endpoints: Sequence[str]
+) -> APIError:
+    """A refusal before any schema applies: an unknown endpoint or method (naming the supported ones), or
+    a body that could not be parsed at all (such as arrays nested past the parser's recursion limit)."""
+    if status in (404, 405):
+        message = f"{method} {path} is not supported by this server; it serves {', '.join(endpoints)}"
+        return APIError(status, message, None, "unsupported_endpoint")
+    if isinstance(cause, RecursionError):
+        return APIError(status, "the body is nested too deeply to parse as JSON")
+    if cause is not None:  # such as bytes that are not UTF-8
+        return APIError(status, f"the body is not valid JSON: {cause}")
+    return APIError(status, detail)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
@@ -21,7 +23,9 @@ from typing import Any, Literal, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
 from tether.engine.async_engine import (
@@ -37,6 +41,7 @@ from tether.engine.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
+    route_error,
     validation_error,
 )
 from tether.engine.sampling import SamplingParams
@@ -372,16 +377,34 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     app = FastAPI(title="tether", summary="OpenAI-compatible inference over tether's engine")
     app.state.server = server
 
+    schemas: dict[str, type[GenerationRequest]] = {
+        "/v1/chat/completions": ChatCompletionRequest,
+        "/v1/completions": CompletionRequest,
+    }
+
     @app.exception_handler(APIError)
-    async def api_error(request: Request, error: APIError) -> JSONResponse:
+    async def api_error(request: Request, error: APIError) -> Response:
         if error.status < 500:  # refusals for load or a stopped engine are counted where they happen
             server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
         return error.response()
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, error: RequestValidationError) -> Response:
         server.metrics.requests.labels(RequestStatus.REJECTED.value).inc()
-        return validation_error(error).response()
+        return validation_error(error, schemas.get(request.url.path)).response()
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, error: HTTPException) -> Response:
+        endpoints = [
+            f"{method} {route.path}"
+            for route in app.routes
+            if isinstance(route, APIRoute)
+            for method in sorted(route.methods or ())
+        ]
+        refusal = route_error(
+            request.method, request.url.path, error.status_code, error.detail, error.__cause__, endpoints
+        )
+        return refusal.response()
 
     async def respond(job: _Job, request: Request) -> Response:
         gone = Response(status_code=499)  # nginx's "client closed request": nobody reads it
@@ -430,6 +453,24 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
     return app
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, taken before a model loads: a port in use then fails at once, and
+    nothing can take it between the check and the server starting."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {host}:{port}: {error}; expected a local address") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: not a listening port
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        reason = "the port is already in use" if error.errno == errno.EADDRINUSE else error.strerror
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}; pass another --port") from None
+    return sock
+
+
 def serve(
     model: str | Path,
     host: str = "127.0.0.1",
@@ -438,21 +479,43 @@ def serve(
     model_name: str | None = None,
     max_pending_requests: int = 1024,
     log_level: str = "info",
+    listener: socket.socket | None = None,
     **engine_options: Any,
 ) -> None:
-    """Load `model` (a folder or a cached registered name), then serve it with uvicorn until interrupted."""
+    """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
+    registered name), then serve it with uvicorn until interrupted."""
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
     from tether.models import configure_threads
 
-    configure_threads()
-    engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
-    engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
-    async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
-    app = create_app(async_engine, tokenizer, model_name or Path(model).name)
-    async_engine.start()
-    try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
-    finally:
-        async_engine.shutdown()
+    sock = listener or listen(host, port)
+    with sock:
+        configure_threads()
+        engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
+        engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
+        async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
+        app = create_app(async_engine, tokenizer, model_name or Path(model).name)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
+        async_engine.start()
+        try:
+            _announcing_server(config).run(sockets=[sock])
+        finally:
+            async_engine.shutdown()
+
+
+def _announcing_server(config: Any) -> Any:
+    """uvicorn's server for `config`, saying where it listens once it does: uvicorn is silent about the
+    sockets it is handed, and the model may have taken a while to load."""
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if sockets and not self.should_exit:
+                host, port = sockets[0].getsockname()[:2]
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+                )
+
+    return Announcing(config)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tether.engine.attention import native_attention, native_decode_applies
+from tether.engine.attention import AttentionKernel, kernel_for, native_attention
 from tether.models.layers import RotaryEmbedding
 from tether.models.transformer import Attention, CausalLM, DecoderLayer
 
@@ -183,15 +183,16 @@ class _EngineAttention(torch.autograd.Function):
         tables: torch.Tensor,
         lengths: torch.Tensor,
         scale: float,
+        kernel: AttentionKernel,
     ) -> torch.Tensor:
         blocks = (k.shape[0], 1, k.shape[1], k.shape[2])  # one token per block: tables name tokens
         return native_attention(
-            q, k.contiguous().view(blocks), v.contiguous().view(blocks), tables, lengths, scale
+            q, k.contiguous().view(blocks), v.contiguous().view(blocks), tables, lengths, scale, kernel
         )
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        q, k, v, mask, _, _, scale = inputs
+        q, k, v, mask, _, _, scale, _ = inputs
         ctx.save_for_backward(q, k, v, mask)
         ctx.scale = scale
 
@@ -202,7 +203,7 @@ class _EngineAttention(torch.autograd.Function):
         with torch.enable_grad():
             out = _sdpa(q, k, v, mask, ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _attention(
@@ -222,8 +223,9 @@ def _attention(
         q, k = attn.q_norm(q), attn.k_norm(k)
     cos, sin = cos_sin
     q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
-    if tables is not None and native_decode_applies(q, k, v):
-        out: torch.Tensor = _EngineAttention.apply(q, k, v, mask, *tables, attn.scale)  # type: ignore[no-untyped-call]
+    kernel = kernel_for(q, k, v)
+    if tables is not None and kernel is not AttentionKernel.TORCH_SDPA:
+        out: torch.Tensor = _EngineAttention.apply(q, k, v, mask, *tables, attn.scale, kernel)  # type: ignore[no-untyped-call]
     else:
         out = _sdpa(q, k, v, mask, attn.scale)
     projected: torch.Tensor = attn.o_proj(out.reshape(rows * width, -1))

@@ -15,13 +15,20 @@ That is what lets a rollout engine and a learner compute the same logprobs (`lay
 weights along their outputs changes no bit either (measured for SmolLM2's and Qwen2's q/k/v and gate/up
 shapes, 1-513 rows), so inference computes q, k and v in one call, and gate and up in one: fewer, larger
 calls, 8% more decode throughput and a batch-1 step of about 21 ms instead of 28 (SmolLM2, 2 threads).
+
+Where this CPU or torch build cannot pack a dtype (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT:
+an AVX2-only CPU has neither), projections fall back to `F.linear` (`projection_kernel`).
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import torch
+
+from tether.models import cpu
+from tether.models.cpu import CpuFeature
 
 # The kernel is chosen for a batch of about this many rows; any row count runs with the same packed weight.
 PACKED_BATCH_HINT = 64
@@ -29,21 +36,36 @@ PACKED_BATCH_HINT = 64
 # Rows from which a packed projection's row results no longer depend on the row count.
 PACKED_INVARIANT_ROWS = 2
 
-ONEDNN_LINEAR = (
-    bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
-    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-)
+
+class ProjectionKernel(Enum):
+    ONEDNN_PACKED = "oneDNN, prepacked weights"
+    TORCH_LINEAR = "torch F.linear (MKL)"
+
+
+# What packing a dtype's weights needs; other dtypes are never packed.
+PACKING_NEEDS = {
+    torch.float32: frozenset({CpuFeature.ONEDNN}),
+    torch.bfloat16: frozenset({CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16}),
+}
+
+
+def projection_kernel(features: frozenset[CpuFeature], dtype: torch.dtype) -> ProjectionKernel:
+    """The kernel a CPU projection of `dtype` takes on a machine with `features`."""
+    needs = PACKING_NEEDS.get(dtype)
+    return (
+        ProjectionKernel.ONEDNN_PACKED
+        if needs is not None and needs <= features
+        else ProjectionKernel.TORCH_LINEAR
+    )
 
 
 def supports(weight: torch.Tensor, x: torch.Tensor | None = None) -> bool:
-    """Whether a projection by `weight` (of `x`) can run packed: a 2-d float32 or bfloat16 CPU weight, the
-    input of the same dtype, no autocast, and a torch built with oneDNN."""
+    """Whether a projection by `weight` (of `x`) can run packed: a 2-d CPU weight of a dtype this machine
+    packs (`projection_kernel`), the input of the same dtype, no autocast."""
     return (
-        ONEDNN_LINEAR
-        and weight.device.type == "cpu"
+        weight.device.type == "cpu"
         and weight.dim() == 2
-        and weight.dtype in (torch.float32, torch.bfloat16)
+        and projection_kernel(cpu.detected(), weight.dtype) is ProjectionKernel.ONEDNN_PACKED
         and (x is None or (x.dtype == weight.dtype and x.device.type == "cpu"))
         and not torch.is_autocast_enabled("cpu")
     )
@@ -52,9 +74,12 @@ def supports(weight: torch.Tensor, x: torch.Tensor | None = None) -> bool:
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """The weight [out, in] in oneDNN's layout for `linear`: a new opaque tensor, the weight untouched."""
     if not supports(weight):
+        features = cpu.detected()
+        packable = [str(d).removeprefix("torch.") for d in PACKING_NEEDS if PACKING_NEEDS[d] <= features]
         raise ValueError(
             f"cannot prepack a {weight.dtype} weight of shape {tuple(weight.shape)} on {weight.device}: "
-            "expected a 2-d float32 or bfloat16 CPU tensor and a torch built with oneDNN"
+            "expected a 2-d CPU tensor of a dtype this CPU and torch build pack: "
+            f"{', '.join(packable) or 'none'}"
         )
     packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_BATCH_HINT)
     return packed

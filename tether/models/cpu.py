@@ -1,0 +1,85 @@
+"""What this CPU and this torch build can run: the features the CPU-specific kernels depend on, read once.
+
+Each kernel's choice is a pure function of a feature set (`prepack.projection_kernel`,
+`tether.engine.attention.attention_kernel`), so every fallback can be tested on a machine that has the
+feature: pass a set without it. This module only detects; it chooses nothing and changes no setting.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import Enum
+from pathlib import Path
+
+import torch
+
+CPU_INFO = Path("/proc/cpuinfo")
+
+
+class CpuFeature(Enum):
+    AVX2_FMA = "avx2+fma"
+    ONEDNN = "onednn"
+    ONEDNN_BF16 = "onednn-bf16"
+
+
+# What each feature is, and which kernel path needs it.
+USES = {
+    CpuFeature.AVX2_FMA: "AVX2 and FMA instructions: the decode attention kernel's vector path",
+    CpuFeature.ONEDNN: "torch built with oneDNN: prepacked float32 projections",
+    CpuFeature.ONEDNN_BF16: "oneDNN's bfloat16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): "
+    "prepacked bfloat16 projections",
+}
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The instruction-set flags of the first processor listed in /proc/cpuinfo's text."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> frozenset[CpuFeature]:
+    """The features from the CPU's flags and what torch reports for its oneDNN build."""
+    found = set()
+    if {"avx2", "fma"} <= flags:
+        found.add(CpuFeature.AVX2_FMA)
+    if onednn:
+        found.add(CpuFeature.ONEDNN)
+        if onednn_bf16:
+            found.add(CpuFeature.ONEDNN_BF16)
+    return frozenset(found)
+
+
+def cpu_model() -> str:
+    """The CPU's name as /proc/cpuinfo gives it, or `unknown`."""
+    try:
+        text = CPU_INFO.read_text()
+    except OSError:
+        return "unknown"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return "unknown"
+
+
+@functools.cache
+def detected() -> frozenset[CpuFeature]:
+    """This machine's features, read once per process (a CPU does not change under a running process)."""
+    try:
+        flags = cpu_flags(CPU_INFO.read_text())
+    except OSError:  # no /proc: the vector path is then left out, the portable one always works
+        flags = frozenset()
+    onednn = (
+        bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+    bf16 = (
+        onednn
+        and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
+    return features_of(flags, onednn, bf16)
