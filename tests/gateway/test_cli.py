@@ -158,3 +158,10 @@ def test_every_gateway_option_has_help_and_serve_listens_on_4000() -> None:
     assert missing == []
     port = next(p for p in commands["serve"].params if p.name == "port")
     assert port.default == 4000  # LiteLLM's port; the sandbox server keeps 8080
+
+
+def test_usage_of_an_empty_ledger_says_which_ledger_it_read(ledger: list[str]) -> None:
+    result = runner.invoke(app, ["gateway", "usage", "--tenant", "nobody", "--json", *ledger])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+    assert "no usage of nobody" in result.stderr and ledger[-1] in " ".join(result.stderr.split())

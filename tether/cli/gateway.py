@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import fail, print_json, user_errors
+from tether.cli.common import err_console, fail, print_json, user_errors
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, Limits, Tier, load_gateway_config
 
@@ -211,8 +211,17 @@ def usage_command(
 
     with user_errors():
         start = parse_since(since, dt.datetime.now(dt.UTC))
-        _, ledger = open_stores(_config(config_file, ledger_url))
+        config = _config(config_file, ledger_url)
+        _, ledger = open_stores(config)
         report = ledger.report(tenant, start)
+    if not report:
+        # An empty report from the wrong ledger looks like a quiet tenant: name the ledger that was read.
+        err_console.print(
+            f"no usage of {tenant} since {dt.datetime.fromtimestamp(start, dt.UTC):%Y-%m-%d %H:%M} UTC "
+            f"in the ledger {config.ledger_url}",
+            highlight=False,
+            soft_wrap=True,
+        )
     columns = [
         "day",
         "model",
