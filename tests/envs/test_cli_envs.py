@@ -38,6 +38,18 @@ def test_list_filters_by_glob_and_refuses_a_glob_that_matches_nothing() -> None:
     assert result.exit_code == 2 and "matches no environment" in result.output
 
 
+def test_list_shows_the_bench_task_the_demo_trains_on() -> None:
+    result = runner.invoke(app, ["envs", "list", "bench/*", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [env["name"] for env in json.loads(result.stdout)["envs"]] == ["bench/integer_arithmetic"]
+
+
+def test_a_pattern_that_matches_nothing_suggests_the_nearest_names() -> None:
+    result = runner.invoke(app, ["envs", "list", "rg/leg_countin"])
+    assert result.exit_code == 2
+    assert "did you mean rg/leg_counting," in " ".join(result.output.split())
+
+
 def test_show_prints_seeded_tasks_with_their_references() -> None:
     result = runner.invoke(app, ["envs", "show", "math/quadratic", "-n", "2", "--seed", "5", "--json"])
     assert result.exit_code == 0, result.output

@@ -92,6 +92,31 @@ def test_unknown_environment_is_named(tiny_model: Callable[[str], Path], tmp_pat
     assert "unknown environment 'math/nope'" in " ".join(result.output.split())
 
 
+def test_the_demo_config_gets_past_environment_resolution(tmp_path: Path) -> None:
+    # bench/integer_arithmetic is built in for `tether train` too; the run then stops at the model.
+    shipped = (Path(__file__).parents[2] / "configs" / "demo.toml").read_text()
+    missing = tmp_path / "no-such-model"
+    config = tmp_path / "demo.toml"
+    config.write_text(shipped.replace('name = "smollm2-135m-instruct"', f'name = "{missing}"'))
+    result = runner.invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code != 0
+    output = " ".join(result.output.split())
+    assert "unknown environment" not in output
+    assert f"unknown model '{missing}'" in output
+
+
+def test_a_typo_in_a_config_environment_suggests_the_name_meant(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
+    config.write_text(config.read_text().replace('"structured/person"', '"bench/integer_arithmetc"'))
+    result = runner.invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code != 0
+    assert "'bench/integer_arithmetc' (did you mean bench/integer_arithmetic?)" in " ".join(
+        result.output.split()
+    )
+
+
 def _view_text(metrics: dict[str, float]) -> str:
     config = parse_config({"envs": {"weights": {"math/arithmetic": 1.0}}, "run": {"steps": 5}})
     console = Console(record=True, width=200)

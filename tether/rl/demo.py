@@ -24,9 +24,8 @@ from rich.table import Table
 
 from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider
-from tether.envs.registry import EnvRegistry, default_registry
+from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
-from tether.rl.bench import BENCH_ENV, bench_registry
 from tether.rl.config import Backend, TrainConfig, parse_config
 from tether.rl.report import write_report
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
@@ -149,13 +148,6 @@ def load_demo_config(path: Path) -> DemoConfig:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"demo config {str(path)!r} is not valid TOML: {error}") from None
     return parse_demo_config(raw, str(path))
-
-
-def demo_registry() -> EnvRegistry:
-    """The built-in domains plus `tether rl bench`'s integer arithmetic (reward 1 for the final integer)."""
-    registry = default_registry()
-    registry.add(bench_registry().get(BENCH_ENV), source="tether.rl.bench")
-    return registry
 
 
 # --- evaluation -----------------------------------------------------------------------------------------
@@ -320,7 +312,7 @@ def run_demo(
     phase = on_phase or (lambda _: None)
     timings: dict[str, float] = {}
     start = clock()
-    trainer = build_trainer(config.train, registry=registry or demo_registry(), sandbox=sandbox)
+    trainer = build_trainer(config.train, registry=registry, sandbox=sandbox)
     try:
         source = trainer.rollouts
         assert isinstance(source, EngineRollouts), "the local backend rolls out with an in-process engine"
