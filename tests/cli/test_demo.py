@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,16 @@ def test_demo_prints_the_table_and_writes_its_results(
     output = " ".join(result.output.split())  # rich wraps long lines at the runner's width
     assert "held-out evaluation before training: 4 prompts" in output
     assert "held-out reward" in output and "results written to" in output
+    # Off a terminal (a log, `make demo | tee`): each phase and each training step as a line of its own.
+    lines = result.output.splitlines()
+    phases = [line for line in lines if line.startswith(("held-out evaluation", "training:"))]
+    assert phases == [
+        "held-out evaluation before training: 4 prompts",
+        "training: 1 steps",
+        "held-out evaluation after training",
+    ]
+    [step] = [line for line in lines if re.match(r"tiny-demo-\S+ step 1/1  reward", line)]
+    assert lines.index(phases[1]) < lines.index(step) < lines.index(phases[2])
     [run_dir] = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("tiny-demo-")  # a fresh run directory per invocation
     payload = json.loads((run_dir / "demo.json").read_text())
