@@ -78,7 +78,8 @@ def test_demo_prints_the_table_and_writes_its_results(
     ]
     assert payload["policy_versions"] == {"before": [0], "after": [1]}
     assert payload["wall_s"] > 0
-    assert (run_dir / "report.html").is_file()
+    report = (run_dir / "report.html").read_text()  # the held-out table heads the report
+    assert report.index("Held-out evaluation before and after 1 RL steps") < report.index("<img")
 
 
 def test_a_missing_demo_config_is_named(tmp_path: Path) -> None:
