@@ -110,10 +110,10 @@ def test_step_progress_off_a_terminal_prints_each_step_and_phase_as_it_happens()
         on_phase("training: 5 steps")
         on_step(BASE_METRICS)
         lines = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
-        assert lines[0] == "training: 5 steps"
-        assert lines[1].startswith("r step 2/5  reward 0.250  pass 25.0%")
-        assert lines[1].endswith("9.0 s  (math/arithmetic 0.250)")
-        assert len(lines) == 2  # one line per step however wide: a log's line is not wrapped
+        assert lines[:2] == ["waiting", "training: 5 steps"]
+        assert lines[2].startswith("r step 2/5  reward 0.250  pass 25.0%")
+        assert lines[2].endswith("9.0 s  (math/arithmetic 0.250)")
+        assert len(lines) == 3  # one line per step however wide: a log's line is not wrapped
 
 
 def test_the_demo_config_gets_past_environment_resolution(tmp_path: Path) -> None:

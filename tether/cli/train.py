@@ -90,8 +90,8 @@ def step_progress(
     config: TrainConfig, waiting: str, out: Console = console
 ) -> Iterator[tuple[Callable[[Metrics], None], Callable[[str], None]]]:
     """Reports of a run as it goes, yielded as (on_step, on_phase): on a terminal a live view of the
-    latest step (`waiting` until the first), otherwise one plain line per step and per phase, printed
-    as each one happens (a live view would only print its last frame, at the end)."""
+    latest step (`waiting` until the first), otherwise `waiting`, then one plain line per step and per
+    phase, printed as each one happens (a live view would only print its last frame, at the end)."""
     if out.is_terminal:
         with Live(Text(waiting), console=out, refresh_per_second=2) as live:
             yield (
@@ -99,6 +99,7 @@ def step_progress(
                 lambda phase: live.console.print(f"[bold]{phase}[/]"),
             )
         return
+    out.print(waiting, highlight=False, soft_wrap=True)
     yield (
         lambda metrics: out.print(step_line(config, metrics), highlight=False, soft_wrap=True),
         lambda phase: out.print(phase, highlight=False, soft_wrap=True),
