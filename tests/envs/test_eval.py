@@ -185,6 +185,23 @@ async def test_openai_backend_errors_name_the_server_and_the_problem(
     await backend.aclose()
 
 
+async def test_the_openai_backend_refuses_a_url_where_no_server_answers_and_takes_any_answer() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    dead = OpenAIBackend("http://dead:9/v1/", "m", 8, 0.0, transport=httpx.MockTransport(refuse))
+    with pytest.raises(
+        EnvError, match=r"no server answers at http://dead:9/v1 \(ConnectError: connection refused"
+    ):
+        await dead.check_reachable()
+    await dead.aclose()
+    alive = OpenAIBackend(
+        "http://alive/v1", "m", 8, 0.0, transport=httpx.MockTransport(lambda _: httpx.Response(404))
+    )
+    await alive.check_reachable()  # a server without /models still answers
+    await alive.aclose()
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     from tether.engine.llm_engine import LLMEngine

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tether.engine.llm_engine import LLMEngine, RequestOutput
     from tether.engine.sampling import SamplingParams
 
+REACHABLE_TIMEOUT_S = 10.0  # for a server to answer at all before an evaluation starts
 Conversation = tuple[Messages, list[dict[str, Any]]]  # messages so far, and the OpenAI tools offered
 
 
@@ -369,7 +370,7 @@ class OpenAIBackend:
         import httpx
 
         try:
-            await self.client.get("/models")
+            await self.client.get("/models", timeout=REACHABLE_TIMEOUT_S)
         except httpx.TransportError as error:
             raise EnvError(self._unreachable(error)) from None
 
