@@ -316,13 +316,19 @@ class EngineBackend:
 
     def _decode(self, prompts: dict[int, list[int]], finish: Callable[[int, RequestOutput], None]) -> None:
         """Continuous batching like `LLMEngine.generate`, handing over each request as it finishes."""
-        waiting = {f"eval-{next(self._request_ids)}": index for index in prompts}
-        for request_id, index in waiting.items():
-            self.engine.add_request(request_id, prompts[index], self.params)
-        while waiting:
-            for output in self.engine.step():
-                if output.finished and output.request_id in waiting:
-                    finish(waiting.pop(output.request_id), output)
+        waiting: dict[str, int] = {}
+        try:
+            for index, prompt in prompts.items():
+                request_id = f"eval-{next(self._request_ids)}"
+                self.engine.add_request(request_id, prompt, self.params)
+                waiting[request_id] = index
+            while waiting:
+                for output in self.engine.step():
+                    if output.finished and output.request_id in waiting:
+                        finish(waiting.pop(output.request_id), output)
+        finally:  # a failed batch leaves nothing behind in the engine for the next one to decode
+            for request_id in waiting:
+                self.engine.abort(request_id)
 
     def _generation(
         self, prompt: list[int], conversation: Conversation, output: RequestOutput | None
