@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,16 @@ def test_demo_prints_the_table_and_writes_its_results(
     output = " ".join(result.output.split())  # rich wraps long lines at the runner's width
     assert "held-out evaluation before training: 4 prompts" in output
     assert "held-out reward" in output and "results written to" in output
+    # Off a terminal (a log, `make demo | tee`): each phase and each training step as a line of its own.
+    lines = result.output.splitlines()
+    phases = [line for line in lines if line.startswith(("held-out evaluation", "training:"))]
+    assert phases == [
+        "held-out evaluation before training: 4 prompts",
+        "training: 1 steps",
+        "held-out evaluation after training",
+    ]
+    [step] = [line for line in lines if re.match(r"tiny-demo-\S+ step 1/1  reward", line)]
+    assert lines.index(phases[1]) < lines.index(step) < lines.index(phases[2])
     [run_dir] = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("tiny-demo-")  # a fresh run directory per invocation
     payload = json.loads((run_dir / "demo.json").read_text())
@@ -67,7 +78,8 @@ def test_demo_prints_the_table_and_writes_its_results(
     ]
     assert payload["policy_versions"] == {"before": [0], "after": [1]}
     assert payload["wall_s"] > 0
-    assert (run_dir / "report.html").is_file()
+    report = (run_dir / "report.html").read_text()  # the held-out table heads the report
+    assert report.index("Held-out evaluation before and after 1 RL steps") < report.index("<img")
 
 
 def test_a_missing_demo_config_is_named(tmp_path: Path) -> None:

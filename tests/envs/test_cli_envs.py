@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,18 @@ def test_list_filters_by_glob_and_refuses_a_glob_that_matches_nothing() -> None:
     assert {env["family"] for env in json.loads(result.stdout)["envs"]} == {"math"}
     result = runner.invoke(app, ["envs", "list", "nope/*"])
     assert result.exit_code == 2 and "matches no environment" in result.output
+
+
+def test_list_shows_the_bench_task_the_demo_trains_on() -> None:
+    result = runner.invoke(app, ["envs", "list", "bench/*", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [env["name"] for env in json.loads(result.stdout)["envs"]] == ["bench/integer_arithmetic"]
+
+
+def test_a_pattern_that_matches_nothing_suggests_the_nearest_names() -> None:
+    result = runner.invoke(app, ["envs", "list", "rg/leg_countin"])
+    assert result.exit_code == 2
+    assert "did you mean rg/leg_counting," in " ".join(result.output.split())
 
 
 def test_show_prints_seeded_tasks_with_their_references() -> None:
@@ -132,6 +145,29 @@ def test_eval_runs_episodes_and_writes_jsonl_and_a_summary(tiny_model: Path, tmp
     assert {"score", "transcript", "completion_tokens", "sandbox_time_s"} <= set(episode)
     assert episode["transcript"][-1]["role"] == "assistant"
     assert json.loads(Path(summary["episodes_file"]).with_suffix(".json").read_text())["episodes"] == 4
+
+
+def test_eval_off_a_terminal_prints_one_line_per_finished_episode(tiny_model: Path, tmp_path: Path) -> None:
+    args = ["eval", "--model", str(tiny_model), "--envs", "math/fractions", "-n", "3", "--max-tokens", "2"]
+    args += ["--device", "cpu", "--kv-cache-mib", "16", "--out-dir", str(tmp_path), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("episodes ")]
+    assert [line.split(":")[0] for line in lines] == ["episodes 1/3", "episodes 2/3", "episodes 3/3"]
+    assert all("math/fractions seed" in line and "reward" in line for line in lines)
+    json.loads(result.stdout)  # the lines go to stderr: --json's stdout stays one object
+
+
+def test_eval_against_a_dead_base_url_names_it_once_and_exits_non_zero(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    args = ["eval", "--model", "m", "--envs", "math/fractions", "-n", "5", "--base-url", url]
+    result = runner.invoke(app, [*args, "--out-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    output = " ".join(result.output.split())
+    assert output.count(url) == 1 and f"no server answers at {url}" in output
+    assert "episode" not in output and not list(tmp_path.glob("*.jsonl"))
 
 
 def test_eval_takes_a_mixture_file(tiny_model: Path, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -17,6 +18,7 @@ from tether.envs.eval import (
     EpisodeRecord,
     Generation,
     OpenAIBackend,
+    Ready,
     plan_episodes,
     run_eval,
     summarise,
@@ -47,7 +49,9 @@ class Oracle:
             self.answers[task.messages[1]["content"]] = answer
         self.batches: list[int] = []
 
-    async def generate(self, conversations: list[Conversation]) -> list[Generation]:
+    async def generate(
+        self, conversations: list[Conversation], ready: Ready | None = None
+    ) -> list[Generation]:
         self.batches.append(len(conversations))
         return [
             Generation({"role": "assistant", "content": self.answers[m[1]["content"]]}, 10, 5)
@@ -93,7 +97,9 @@ async def test_summaries_separate_domains_and_count_failures() -> None:
 
 async def test_a_backend_failure_is_recorded_per_episode_not_raised() -> None:
     class Broken:
-        async def generate(self, conversations: list[Conversation]) -> list[Generation]:
+        async def generate(
+            self, conversations: list[Conversation], ready: Ready | None = None
+        ) -> list[Generation]:
             raise RuntimeError("server down")
 
     records = await run_eval(
@@ -179,6 +185,23 @@ async def test_openai_backend_errors_name_the_server_and_the_problem(
     await backend.aclose()
 
 
+async def test_the_openai_backend_refuses_a_url_where_no_server_answers_and_takes_any_answer() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    dead = OpenAIBackend("http://dead:9/v1/", "m", 8, 0.0, transport=httpx.MockTransport(refuse))
+    with pytest.raises(
+        EnvError, match=r"no server answers at http://dead:9/v1 \(ConnectError: connection refused"
+    ):
+        await dead.check_reachable()
+    await dead.aclose()
+    alive = OpenAIBackend(
+        "http://alive/v1", "m", 8, 0.0, transport=httpx.MockTransport(lambda _: httpx.Response(404))
+    )
+    await alive.check_reachable()  # a server without /models still answers
+    await alive.aclose()
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     from tether.engine.llm_engine import LLMEngine
@@ -202,12 +225,66 @@ async def test_the_engine_backend_decodes_a_batch_and_skips_prompts_that_do_not_
     assert skipped.message == {"role": "assistant", "content": ""} and skipped.completion_tokens == 0
 
 
+async def test_the_engine_backend_hands_over_each_reply_as_it_finishes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from tether.engine.llm_engine import LLMEngine
+    from tether.engine.sampling import SamplingParams
+    from tether.testing import make_tiny_model
+
+    folder = make_tiny_model(tmp_path_factory.mktemp("short"), "llama", seed=0)
+    engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=16, max_model_len=64)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    backend = EngineBackend(engine, tokenizer, params)
+    short: Conversation = ([{"role": "user", "content": "hi"}], [])
+    # A prompt 3 tokens short of the context: its reply stops after 3 tokens, the short one's after 12.
+    words = next(
+        n for n in range(60) if len(backend.encode(([{"role": "user", "content": "x " * n}], []))) >= 61
+    )
+    near_limit: Conversation = ([{"role": "user", "content": "x " * words}], [])
+    assert len(backend.encode(near_limit)) == 61
+    order: list[tuple[int, int]] = []
+    generations = await backend.generate(
+        [short, near_limit], lambda index, generation: order.append((index, generation.completion_tokens))
+    )
+    assert order == [(1, 3), (0, 12)]
+    assert [g.completion_tokens for g in generations] == [12, 3]
+
+
+async def test_an_episode_finishes_while_the_rest_of_its_batch_still_decodes() -> None:
+    reg = registry()
+    plan = [("math/fractions", 0), ("math/fractions", 1)]
+    oracle = Oracle(reg, plan)
+    first_done = asyncio.Event()
+
+    class OneThenTheOther:
+        async def generate(
+            self, conversations: list[Conversation], ready: Ready | None = None
+        ) -> list[Generation]:
+            generations = await oracle.generate(conversations)
+            assert ready is not None, "the batcher must ask to hear of each reply as it is ready"
+            ready(0, generations[0])
+            await asyncio.wait_for(first_done.wait(), timeout=5)  # the first episode ends meanwhile
+            return generations
+
+    done: list[int] = []
+
+    def on_done(record: EpisodeRecord) -> None:
+        done.append(record.seed)
+        first_done.set()
+
+    records = await run_eval(reg, plan, OneThenTheOther(), ScoringContext(), on_done=on_done)
+    assert [r.reward for r in records] == [1.0, 1.0] and sorted(done) == [0, 1]
+
+
 async def test_a_wrong_hedge_scores_zero_through_eval() -> None:
     reg = registry()
     task = reg.get("math/powers").task(3)
 
     class Hedger:
-        async def generate(self, conversations: list[Conversation]) -> list[Generation]:
+        async def generate(
+            self, conversations: list[Conversation], ready: Ready | None = None
+        ) -> list[Generation]:
             return [Generation({"role": "assistant", "content": hedged(ANSWER_TAG, task.reference)}, 1, 1)]
 
     [record] = await run_eval(reg, [("math/powers", 3)], Hedger(), ScoringContext())
@@ -228,7 +305,9 @@ async def test_multi_turn_episodes_run_from_text_tool_calls_through_the_sandbox(
     class ToolUser:
         """Writes the text convention an in-process model would: read the file, then submit."""
 
-        async def generate(self, conversations: list[Conversation]) -> list[Generation]:
+        async def generate(
+            self, conversations: list[Conversation], ready: Ready | None = None
+        ) -> list[Generation]:
             replies = []
             for messages, tools in conversations:
                 assert [tool["function"]["name"] for tool in tools] == ["python", "submit"]

@@ -13,7 +13,7 @@ import pytest
 from tether.envs.base import ChatRenderer, EnvError, Environment, Problem
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import (
-    BUILTIN_MODULES,
+    BUILTIN_FAMILIES,
     ENTRY_POINT_GROUP,
     EnvRegistry,
     Mixture,
@@ -54,12 +54,17 @@ def test_factories_run_once_on_first_lookup() -> None:
     assert calls == ["built"]
 
 
-def test_unknown_names_suggest_the_family() -> None:
-    registry = registry_of("fam/one", "fam/two", "other/x")
-    with pytest.raises(EnvError, match=r"unknown environment 'fam/three'.*fam/one"):
-        registry.get("fam/three")
-    with pytest.raises(EnvError, match="families: fam, other"):
-        registry.get("nope/x")
+def test_unknown_names_suggest_the_nearest_names_not_the_first_alphabetically() -> None:
+    registry = registry_of("fam/aaa", "fam/abb", "fam/acc", "fam/add", "fam/aee", "fam/counting", "other/x")
+    with pytest.raises(EnvError, match=r"unknown environment 'fam/countin' \(did you mean fam/counting\?\)"):
+        registry.get("fam/countin")
+    with pytest.raises(EnvError, match="families: fam, other"):  # nothing close: the families
+        registry.get("zzzz/qqqqqqq")
+
+
+def test_a_typo_in_a_builtin_name_is_answered_with_the_name_meant() -> None:
+    with pytest.raises(EnvError, match=r"'rg/leg_countin' \(did you mean rg/leg_counting,"):
+        default_registry().get("rg/leg_countin")
 
 
 def test_duplicates_are_refused_unless_replaced() -> None:
@@ -146,13 +151,37 @@ def test_a_module_without_register_is_refused() -> None:
         EnvRegistry().load_module("json")
 
 
-def test_the_default_registry_holds_every_builtin_module() -> None:
+def test_the_default_registry_holds_every_builtin_family_each_from_its_module() -> None:
     registry = default_registry()
-    families = set(registry.families())
-    for module in BUILTIN_MODULES:
-        assert any(registry.source_of(name).startswith(module) for name in registry.names()), module
-    assert {"rg", "math", "structured", "finance"} <= families
+    for family, module in BUILTIN_FAMILIES.items():
+        names = registry.names(f"{family}/*")
+        assert names and all(registry.source_of(name).startswith(module) for name in names), family
+    assert set(registry.families()) == set(BUILTIN_FAMILIES)
     assert len(registry) >= 100
+
+
+def test_the_bench_task_is_a_builtin_environment_for_every_command() -> None:
+    assert default_registry().names("bench/*") == ["bench/integer_arithmetic"]
+
+
+def test_a_family_module_is_imported_only_when_a_name_of_it_is_needed(plugin_module: str) -> None:
+    # The second family's module does not exist: importing it would fail the lookups below.
+    registry = default_registry(
+        {"plug": plugin_module, "absent": "tether_no_such_module"}, entry_points=False
+    )
+    assert registry.families() == ["absent", "plug"]
+    assert registry.get("plug/one").name == "plug/one"
+    assert registry.names("plug/*") == ["plug/one"] and "plug/one" in registry
+    with pytest.raises(ModuleNotFoundError, match="tether_no_such_module"):
+        registry.names()
+
+
+def test_deferred_entry_points_load_when_a_name_is_not_built_in(plugin_module: str) -> None:
+    point = importlib.metadata.EntryPoint("plug", f"{plugin_module}:register", ENTRY_POINT_GROUP)
+    registry = EnvRegistry()
+    registry.defer_entry_points([point])
+    assert registry.get("plug/one").name == "plug/one"
+    assert registry.source_of("plug/one") == "entry point plug"
 
 
 def test_mixture_counts_split_by_weight_and_sum_to_the_total() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tether.cli.main import app
-from tether.cli.train import step_view
+from tether.cli.train import step_progress, step_view
 from tether.rl.config import parse_config
 
 runner = CliRunner()
@@ -90,6 +91,54 @@ def test_unknown_environment_is_named(tiny_model: Callable[[str], Path], tmp_pat
     result = runner.invoke(app, ["train", "--config", str(config)])
     assert result.exit_code != 0
     assert "unknown environment 'math/nope'" in " ".join(result.output.split())
+
+
+def test_train_off_a_terminal_prints_one_line_per_step(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs", steps=3)
+    result = runner.invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    steps = [line.split("  ")[0] for line in result.output.splitlines() if line.startswith("cli step ")]
+    assert steps == ["cli step 1/3", "cli step 2/3", "cli step 3/3"]
+
+
+def test_step_progress_off_a_terminal_prints_each_step_and_phase_as_it_happens() -> None:
+    config = parse_config({"envs": {"weights": {"math/arithmetic": 1.0}}, "run": {"name": "r", "steps": 5}})
+    out = Console(file=io.StringIO(), force_terminal=False, width=80)
+    with step_progress(config, "waiting", out) as (on_step, on_phase):
+        on_phase("training: 5 steps")
+        on_step(BASE_METRICS)
+        lines = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        assert lines[:2] == ["waiting", "training: 5 steps"]
+        assert lines[2].startswith("r step 2/5  reward 0.250  pass 25.0%")
+        assert lines[2].endswith("9.0 s  (math/arithmetic 0.250)")
+        assert len(lines) == 3  # one line per step however wide: a log's line is not wrapped
+
+
+def test_the_demo_config_gets_past_environment_resolution(tmp_path: Path) -> None:
+    # bench/integer_arithmetic is built in for `tether train` too; the run then stops at the model.
+    shipped = (Path(__file__).parents[2] / "configs" / "demo.toml").read_text()
+    missing = tmp_path / "no-such-model"
+    config = tmp_path / "demo.toml"
+    config.write_text(shipped.replace('name = "smollm2-135m-instruct"', f'name = "{missing}"'))
+    result = runner.invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code != 0
+    output = " ".join(result.output.split())
+    assert "unknown environment" not in output
+    assert f"unknown model '{missing}'" in output
+
+
+def test_a_typo_in_a_config_environment_suggests_the_name_meant(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
+    config.write_text(config.read_text().replace('"structured/person"', '"bench/integer_arithmetc"'))
+    result = runner.invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code != 0
+    assert "'bench/integer_arithmetc' (did you mean bench/integer_arithmetic?)" in " ".join(
+        result.output.split()
+    )
 
 
 def _view_text(metrics: dict[str, float]) -> str:

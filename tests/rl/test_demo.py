@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tether.envs.registry import mixture_from_weights
+from tether.envs.registry import default_registry, mixture_from_weights
 from tether.errors import ConfigError
 from tether.rl.demo import (
     ALL,
@@ -19,7 +19,6 @@ from tether.rl.demo import (
     DemoSection,
     compare,
     comparison_table,
-    demo_registry,
     eval_plans,
     load_demo_config,
     parse_demo_config,
@@ -145,7 +144,7 @@ def test_missing_and_malformed_config_files_are_named(tmp_path: Path) -> None:
 
 def test_the_shipped_demo_mixes_three_families_one_of_them_sandboxed() -> None:
     config = load_demo_config(SHIPPED)
-    names = mixture_from_weights(demo_registry(), config.train.envs.weights).names
+    names = mixture_from_weights(default_registry(), config.train.envs.weights).names
     assert len({name.split("/")[0] for name in names}) >= 3
     assert "math/python_arithmetic" in names  # its reward runs the model's program in the sandbox
     assert config.train.model.name == "smollm2-135m-instruct"

@@ -1,14 +1,26 @@
-"""`report.html`: curves per domain and per reward component from metrics, self-contained, rewritten by
-the trainer at each checkpoint."""
+"""`report.html`: the held-out evaluation first, curves per domain, per reward component and per learner
+metric from metrics, one style per domain throughout, self-contained, rewritten by the trainer at each
+checkpoint."""
 
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 
-from tether.rl.report import components, curve, domains, read_metrics, render_report, write_report
+from tether.rl.report import (
+    ALL,
+    charts,
+    components,
+    curve,
+    domains,
+    learner_metrics,
+    read_metrics,
+    render_report,
+    write_report,
+)
 
 from .test_trainer import make_trainer, tiny_config
 
@@ -54,7 +66,7 @@ def test_report_embeds_one_png_per_chart_and_needs_no_server() -> None:
     for title in ("Reward per domain", "Response length per domain", "Reward components: math/arithmetic"):
         assert title in page
     assert "http" not in page.replace("data:image", "")  # nothing fetched from anywhere
-    assert "<td>math/arithmetic</td><td>0.200</td><td>0.600</td>" in page
+    assert "math/arithmetic</td><td>0.200</td><td>0.600</td>" in page
 
 
 def test_a_run_without_steps_still_gets_a_page(tmp_path: Path) -> None:
@@ -80,3 +92,82 @@ def test_the_trainer_writes_the_report_at_each_checkpoint(
     assert "Steps recorded: 2." in page
     assert "test/vowels" in page and "test/digits" in page
     assert "Reward components: test/vowels" in page
+
+
+LEARNED = {
+    "learner/loss": 0.5,
+    "learner/kl": 0.01,
+    "learner/grad_norm": 2.0,
+    "learner/max_logprob_diff": 1e-6,
+}
+EVALUATION = [
+    {
+        "env": env,
+        "prompts": 16,
+        "samples_per_prompt": 4,
+        "reward_before": 0.2,
+        "reward_after": after,
+        "delta": after - 0.2,
+        "stderr": 0.02,
+        "noise": 0.04,
+        "pass_before": 0.2,
+        "pass_after": after,
+        "clear": after - 0.2 > 0.04,
+    }
+    for env, after in (("math/arithmetic", 0.5), ("code/python", 0.21), (ALL, 0.35))
+]
+
+
+def _recorded_run() -> list[dict[str, float]]:
+    return [{**row, **{key: value * row["step"] for key, value in LEARNED.items()}} for row in _rows()]
+
+
+def test_the_report_opens_with_the_held_out_evaluation_table() -> None:
+    page = render_report(_recorded_run(), "tether run demo", EVALUATION)
+    table = page.index('<table id="evaluation">')
+    assert table < page.index("<img") and table < page.index("Steps recorded")
+    assert "Held-out evaluation before and after 3 RL steps" in page
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page[table:].split("</table>")[0])
+    assert ["math/arithmetic" in rows[0], "code/python" in rows[1], "all" in rows[2]] == [True] * 3
+    assert "<td>0.200</td><td>0.500</td><td>+0.300</td><td>0.040</td>" in rows[0] and "clear gain" in rows[0]
+    assert "within noise" in rows[1]
+
+
+def test_every_logged_learner_metric_gets_its_own_chart() -> None:
+    rows = _recorded_run()
+    assert learner_metrics(rows) == sorted(LEARNED)
+    learner = [chart for chart in charts(rows) if chart.section == "Learner"]
+    assert [chart.title for chart in learner] == sorted(LEARNED)
+    assert all(
+        chart.lines[0].values == [value * step for step in (1, 2, 3)]
+        for chart, value in zip(learner, (LEARNED[key] for key in sorted(LEARNED)), strict=True)
+    )
+    page = render_report(rows, "tether run demo")
+    for key in LEARNED:
+        assert f'alt="{key}" src="data:image/png;base64,' in page
+
+
+def test_a_domain_keeps_one_colour_in_every_chart_and_overlapping_lines_stay_apart() -> None:
+    planned = charts(_recorded_run())
+    colours: dict[str, set[str]] = {}
+    for chart in planned:
+        for line in chart.lines:
+            owner = (
+                chart.title.removeprefix("Reward components: ") if "components" in chart.title else line.label
+            )
+            if owner in ("math/arithmetic", "code/python", ALL):
+                colours.setdefault(owner, set()).add(line.style.color)
+    assert all(len(found) == 1 for found in colours.values()), colours
+    assert len({next(iter(found)) for found in colours.values()}) == 3  # and no two domains share one
+    [reward] = [chart for chart in planned if chart.title == "Reward per domain"]
+    styles = [line.style for line in reward.lines]
+    # Lines that lie on each other differ in dash, marker and width: the one below still shows.
+    assert len({(s.linestyle, s.marker) for s in styles}) == len(styles)
+    assert [s.linewidth for s in styles] == sorted((s.linewidth for s in styles), reverse=True)
+
+
+def test_the_evaluation_survives_the_trainers_later_rewrites(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _recorded_run()))
+    write_report(tmp_path, EVALUATION)
+    page = write_report(tmp_path).read_text()  # a checkpoint of a resumed run: no evaluation passed
+    assert page.index('<table id="evaluation">') < page.index("<img")

@@ -103,6 +103,26 @@ def counted_progress() -> Progress:
     )
 
 
+@contextmanager
+def counted_lines(description: str, total: int) -> Iterator[Callable[[str], None]]:
+    """Progress over `total` items, advanced as each one finishes: on a terminal `counted_progress`'s
+    bar, otherwise one plain stderr line per item (`description done/total: detail`), which a log
+    shows as it happens. Yields the function that reports an item done, with its detail."""
+    if err_console.is_terminal:
+        with counted_progress() as progress:
+            task = progress.add_task(description, total=total)
+            yield lambda _detail: progress.advance(task)
+        return
+    done = 0
+
+    def line(detail: str) -> None:
+        nonlocal done
+        done += 1
+        err_console.print(f"{description} {done}/{total}: {detail}", highlight=False, soft_wrap=True)
+
+    yield line
+
+
 def cache_root(ctx: typer.Context, override: Path | None) -> Path:
     """The model cache root: `--cache-dir` when given, else the settings' cache_dir."""
     with user_errors():

@@ -16,12 +16,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
 from tether.cli import sandbox
 from tether.cli.common import pool_config, state, user_errors
-from tether.cli.train import step_view
+from tether.cli.train import step_progress
 
 console = Console()
 DEFAULT_CONFIG = Path("configs/demo.toml")
@@ -67,13 +65,8 @@ def demo_command(
     with user_errors():
         configure_threads()
         provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
-        with Live(Text("loading the policy..."), console=console, refresh_per_second=2) as live:
-            result = run_demo(
-                config,
-                sandbox=provider,
-                on_step=lambda metrics: live.update(step_view(config.train, metrics)),
-                on_phase=lambda phase: live.console.print(f"[bold]{phase}[/]"),
-            )
+        with step_progress(config.train, "loading the policy...", console) as (on_step, on_phase):
+            result = run_demo(config, sandbox=provider, on_step=on_step, on_phase=on_phase)
     # Piped into a file or a log, rich would squeeze the table into 80 columns.
     wide = console if console.is_terminal else Console(width=LOG_WIDTH)
     wide.line()  # the live view's last frame ends without one

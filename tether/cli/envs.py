@@ -49,9 +49,13 @@ def list_command(
         registry = _registry()
         infos = [registry.info(name) for name in registry.names(pattern)]
         if pattern is not None and not infos:
-            raise EnvError(
-                f"pattern {pattern!r} matches no environment; families: {', '.join(registry.families())}"
+            close = registry.close_names(pattern)
+            hint = (
+                f"did you mean {', '.join(close)}?"
+                if close
+                else f"families: {', '.join(registry.families())}"
             )
+            raise EnvError(f"pattern {pattern!r} matches no environment; {hint}")
     families = sorted({info.family for info in infos})
     if as_json:
         print_json(

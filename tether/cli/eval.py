@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import counted_progress, err_console, fail, pool_config, print_json, state, user_errors
+from tether.cli.common import counted_lines, err_console, fail, pool_config, print_json, state, user_errors
 from tether.envs.base import SandboxProvider, ScoringContext
 from tether.envs.eval import (
     Backend,
@@ -183,18 +183,19 @@ async def _run(
     concurrency: int,
     path: Path,
 ) -> list[EpisodeRecord]:
-    progress = counted_progress()
-    with path.open("w") as sink, progress:
-        bar = progress.add_task("episodes", total=len(plan))
+    try:
+        if isinstance(backend, OpenAIBackend):
+            await backend.check_reachable()  # a dead --base-url fails once, before the sandbox starts
+        with path.open("w") as sink, counted_lines("episodes", len(plan)) as advance:
 
-        def done(record: EpisodeRecord) -> None:
-            sink.write(json.dumps(record.to_dict(), default=str) + "\n")
-            sink.flush()
-            progress.advance(bar)
+            def done(record: EpisodeRecord) -> None:
+                sink.write(json.dumps(record.to_dict(), default=str) + "\n")
+                sink.flush()
+                outcome = f"failed: {record.error}" if record.error else f"reward {record.reward:.3f}"
+                advance(f"{record.env} seed {record.seed} {outcome} ({record.wall_s:.1f} s)")
 
-        try:
             async with provider:
                 return await run_eval(registry, plan, backend, ScoringContext(provider), concurrency, done)
-        finally:
-            if isinstance(backend, OpenAIBackend):
-                await backend.aclose()
+    finally:
+        if isinstance(backend, OpenAIBackend):
+            await backend.aclose()

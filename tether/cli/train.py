@@ -7,6 +7,8 @@ and `checkpoints/`. SIGTERM or Ctrl-C finishes the current step and checkpoints 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,24 +22,39 @@ from tether.cli.common import fail, pool_config, state, user_errors
 
 if TYPE_CHECKING:
     from tether.rl.config import TrainConfig
+    from tether.rl.trainer import Metrics
 
 console = Console()
 
 
-def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
-    """The live view of the latest step: progress, timings, throughput, staleness, rewards per domain."""
-    step, steps = int(metrics["step"]), config.run.steps
-    head = Text.assemble(
-        (f"{config.run.name} ", "bold"),
-        f"step {step}/{steps}  reward {metrics['reward']:.3f}  pass {metrics['pass_rate']:.1%}  "
-        f"{metrics['tokens_per_s']:.0f} tok/s  "
+def _headline(config: TrainConfig, metrics: Metrics) -> str:
+    return (
+        f"step {int(metrics['step'])}/{config.run.steps}  reward {metrics['reward']:.3f}  "
+        f"pass {metrics['pass_rate']:.1%}  {metrics['tokens_per_s']:.0f} tok/s  "
         f"staleness {metrics['staleness_mean']:.2f} (max {metrics['staleness_max']:.0f})  "
         f"loss {metrics.get('learner/loss', 0.0):+.4f}  "
         f"logprob diff {metrics.get('learner/max_logprob_diff', 0.0):.1e} "
         f"over {metrics.get('learner/compared_tokens', 0.0):.0f} tokens  "
         f"ratio {metrics.get('learner/ratio_min', 1.0):.3f}..{metrics.get('learner/ratio_max', 1.0):.3f} "
-        f"(std {metrics.get('learner/ratio_std', 0.0):.1e})",
+        f"(std {metrics.get('learner/ratio_std', 0.0):.1e})"
     )
+
+
+def _domains(metrics: Metrics) -> list[str]:
+    return sorted(
+        {key.split("/")[1] + "/" + key.split("/")[2] for key in metrics if key.startswith("domain/")}
+    )
+
+
+def step_line(config: TrainConfig, metrics: Metrics) -> str:
+    """One plain line for a step, where the output is not a terminal (a log, `make demo`)."""
+    rewards = ", ".join(f"{domain} {metrics[f'domain/{domain}/reward']:.3f}" for domain in _domains(metrics))
+    return f"{config.run.name} {_headline(config, metrics)}  {metrics['time/step_s']:.1f} s  ({rewards})"
+
+
+def step_view(config: TrainConfig, metrics: Metrics) -> Group:
+    """The live view of the latest step: progress, timings, throughput, staleness, rewards per domain."""
+    head = Text.assemble((f"{config.run.name} ", "bold"), _headline(config, metrics))
     generate, score = metrics["time/generate_s"], metrics["time/score_s"]
     learn, push = metrics["time/learn_s"], metrics.get("time/push_s", 0.0)
     if "time/wait_s" in metrics:  # async: generation and scoring overlap learning on the rollout thread
@@ -54,10 +71,7 @@ def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
     table = Table(box=None, pad_edge=False)
     for column in ("domain", "rollouts", "reward", "pass", "tokens", "truncated", "sandbox s"):
         table.add_column(column, justify="left" if column == "domain" else "right")
-    domains = sorted(
-        {key.split("/")[1] + "/" + key.split("/")[2] for key in metrics if key.startswith("domain/")}
-    )
-    for domain in domains:
+    for domain in _domains(metrics):
         prefix = f"domain/{domain}/"
         table.add_row(
             domain,
@@ -69,6 +83,27 @@ def step_view(config: TrainConfig, metrics: dict[str, float]) -> Group:
             f"{metrics[prefix + 'sandbox_s']:.2f}",
         )
     return Group(head, timing, table)
+
+
+@contextmanager
+def step_progress(
+    config: TrainConfig, waiting: str, out: Console = console
+) -> Iterator[tuple[Callable[[Metrics], None], Callable[[str], None]]]:
+    """Reports of a run as it goes, yielded as (on_step, on_phase): on a terminal a live view of the
+    latest step (`waiting` until the first), otherwise `waiting`, then one plain line per step and per
+    phase, printed as each one happens (a live view would only print its last frame, at the end)."""
+    if out.is_terminal:
+        with Live(Text(waiting), console=out, refresh_per_second=2) as live:
+            yield (
+                lambda metrics: live.update(step_view(config, metrics)),
+                lambda phase: live.console.print(f"[bold]{phase}[/]"),
+            )
+        return
+    out.print(waiting, highlight=False, soft_wrap=True)
+    yield (
+        lambda metrics: out.print(step_line(config, metrics), highlight=False, soft_wrap=True),
+        lambda phase: out.print(phase, highlight=False, soft_wrap=True),
+    )
 
 
 def train_command(
@@ -112,8 +147,8 @@ def train_command(
         sandbox = SandboxProvider(settings.sandbox.spec, pool_config(settings))
         trainer = build_trainer(config, sandbox=sandbox, resume=resume is not None)
     try:
-        with Live(Text(f"{config.run.name}: first step..."), console=console, refresh_per_second=2) as live:
-            trainer.run(on_step=lambda metrics: live.update(step_view(config, metrics)))
+        with step_progress(config, f"{config.run.name}: first step...") as (on_step, _):
+            trainer.run(on_step=on_step)
     finally:
         trainer.close()
     stopped = " (stopped early: resume with --resume)" if trainer.step < config.run.steps else ""

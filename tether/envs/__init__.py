@@ -41,7 +41,7 @@ from tether.envs.eval import (
 )
 from tether.envs.parsers import ANSWER_TAG, TagParser
 from tether.envs.registry import (
-    BUILTIN_MODULES,
+    BUILTIN_FAMILIES,
     ENTRY_POINT_GROUP,
     EnvInfo,
     EnvRegistry,
@@ -55,7 +55,7 @@ from tether.envs.tools import parse_text_tool_calls, python_tool, shell_tool, su
 
 __all__ = [
     "ANSWER_TAG",
-    "BUILTIN_MODULES",
+    "BUILTIN_FAMILIES",
     "ENTRY_POINT_GROUP",
     "Backend",
     "ChatRenderer",

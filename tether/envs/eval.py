@@ -12,6 +12,7 @@ blocks, read back into the same OpenAI form (`tools.py`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
     import httpx
     from transformers import PreTrainedTokenizerBase
 
-    from tether.engine.llm_engine import LLMEngine
+    from tether.engine.llm_engine import LLMEngine, RequestOutput
     from tether.engine.sampling import SamplingParams
 
+REACHABLE_TIMEOUT_S = 10.0  # for a server to answer at all before an evaluation starts
 Conversation = tuple[Messages, list[dict[str, Any]]]  # messages so far, and the OpenAI tools offered
 
 
@@ -49,8 +51,16 @@ class Generation:
     completion_tokens: int
 
 
+Ready = Callable[[int, Generation], None]  # (index in the batch, its generation), as each one is ready
+
+
 class Backend(Protocol):
-    async def generate(self, conversations: list[Conversation]) -> list[Generation]: ...
+    async def generate(
+        self, conversations: list[Conversation], ready: Ready | None = None
+    ) -> list[Generation]:
+        """Every conversation's next reply, in order; `ready` hears of each as soon as it is done (a
+        backend that cannot tell may leave that to the returned list)."""
+        ...
 
 
 def plan_episodes(mixture: Mixture, count: int, seed: int, per_env: bool) -> list[tuple[str, int]]:
@@ -61,6 +71,9 @@ def plan_episodes(mixture: Mixture, count: int, seed: int, per_env: bool) -> lis
     return [(name, seed + index) for name, n in counts.items() for index in range(n)]
 
 
+Batch = list[tuple[Conversation, "asyncio.Future[Generation]"]]
+
+
 class Batcher:
     """Collects the generation requests of concurrent episodes and sends them to the backend together."""
 
@@ -68,7 +81,7 @@ class Batcher:
         self.backend = backend
         self.max_batch = max_batch
         self.gather_s = gather_s
-        self._pending: list[tuple[Conversation, asyncio.Future[Generation]]] = []
+        self._pending: Batch = []
         self._wake = asyncio.Event()
 
     async def request(self, conversation: Conversation) -> Generation:
@@ -84,8 +97,14 @@ class Batcher:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             if not self._pending:
                 self._wake.clear()
+
+            def ready(index: int, generation: Generation, batch: Batch = batch) -> None:
+                future = batch[index][1]
+                if not future.done():  # its episode goes on while the rest of the batch decodes
+                    future.set_result(generation)
+
             try:
-                generations = await self.backend.generate([conversation for conversation, _ in batch])
+                generations = await self.backend.generate([conversation for conversation, _ in batch], ready)
             except Exception as error:  # every waiting episode learns why, none hangs
                 for _, future in batch:
                     if not future.done():
@@ -266,6 +285,7 @@ class EngineBackend:
         self.engine = engine
         self.tokenizer = tokenizer
         self.params = params
+        self._request_ids = itertools.count()
 
     def encode(self, conversation: Conversation) -> list[int]:
         messages, tools = conversation
@@ -274,26 +294,52 @@ class EngineBackend:
         )
         return [int(i) for i in ids]
 
-    async def generate(self, conversations: list[Conversation]) -> list[Generation]:
+    async def generate(
+        self, conversations: list[Conversation], ready: Ready | None = None
+    ) -> list[Generation]:
         prompts = [self.encode(conversation) for conversation in conversations]
+        generations: dict[int, Generation] = {}
+        loop = asyncio.get_running_loop()
+
+        def finish(index: int, output: RequestOutput | None) -> None:  # on the engine's thread
+            generations[index] = self._generation(prompts[index], conversations[index], output)
+            if ready is not None:
+                loop.call_soon_threadsafe(ready, index, generations[index])
+
         limit = self.engine.config.max_model_len
-        fits = [i for i, prompt in enumerate(prompts) if len(prompt) < limit]
-        # Engine work is blocking; a thread keeps the sandbox and the progress bar moving meanwhile.
-        outputs = await asyncio.to_thread(self.engine.generate, [prompts[i] for i in fits], self.params)
-        texts: dict[int, tuple[str, int]] = {}
-        for index, output in zip(fits, outputs, strict=True):
-            completion = output.completions[0]
-            texts[index] = (
-                str(self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)),
-                len(completion.token_ids),
-            )
-        generations = []
-        for index, (prompt, (_, tools)) in enumerate(zip(prompts, conversations, strict=True)):
-            # A prompt longer than the context gets an empty reply: the episode ends and scores 0.
-            text, used = texts.get(index, ("", 0))
-            message = parse_text_tool_calls(text) if tools else {"role": "assistant", "content": text}
-            generations.append(Generation(message, len(prompt), used))
-        return generations
+        fits = {index: prompt for index, prompt in enumerate(prompts) if len(prompt) < limit}
+        for index in set(range(len(prompts))) - set(fits):
+            finish(index, None)  # longer than the context: an empty reply, the episode ends and scores 0
+        # Engine work is blocking; a thread keeps the sandbox and the progress view moving meanwhile.
+        await asyncio.to_thread(self._decode, fits, finish)
+        return [generations[index] for index in range(len(prompts))]
+
+    def _decode(self, prompts: dict[int, list[int]], finish: Callable[[int, RequestOutput], None]) -> None:
+        """Continuous batching like `LLMEngine.generate`, handing over each request as it finishes."""
+        waiting: dict[str, int] = {}
+        try:
+            for index, prompt in prompts.items():
+                request_id = f"eval-{next(self._request_ids)}"
+                self.engine.add_request(request_id, prompt, self.params)
+                waiting[request_id] = index
+            while waiting:
+                for output in self.engine.step():
+                    if output.finished and output.request_id in waiting:
+                        finish(waiting.pop(output.request_id), output)
+        finally:  # a failed batch leaves nothing behind in the engine for the next one to decode
+            for request_id in waiting:
+                self.engine.abort(request_id)
+
+    def _generation(
+        self, prompt: list[int], conversation: Conversation, output: RequestOutput | None
+    ) -> Generation:
+        text, used = "", 0
+        if output is not None:
+            token_ids = output.completions[0].token_ids
+            text, used = str(self.tokenizer.decode(token_ids, skip_special_tokens=True)), len(token_ids)
+        tools = conversation[1]
+        message = parse_text_tool_calls(text) if tools else {"role": "assistant", "content": text}
+        return Generation(message, len(prompt), used)
 
 
 class OpenAIBackend:
@@ -313,14 +359,29 @@ class OpenAIBackend:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
         self.client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
         )
         self.model, self.max_tokens, self.temperature = model, max_tokens, temperature
         self._limit = asyncio.Semaphore(concurrency)
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    async def check_reachable(self) -> None:
+        """Fail once, naming the URL, when no server answers there: before any episode is spent on it.
+
+        Any HTTP answer (even 401 or 404 for `/models`) counts: only a connection that fails is refused."""
+        import httpx
+
+        try:
+            await self.client.get("/models", timeout=REACHABLE_TIMEOUT_S)
+        except httpx.TransportError as error:
+            raise EnvError(self._unreachable(error)) from None
+
+    def _unreachable(self, error: Exception) -> str:
+        return f"no server answers at {self.base_url} ({type(error).__name__}: {error})"
 
     async def _one(self, conversation: Conversation) -> Generation:
         messages, tools = conversation
@@ -332,8 +393,13 @@ class OpenAIBackend:
         }
         if tools:
             body["tools"] = tools
+        import httpx
+
         async with self._limit:
-            response = await self.client.post("/chat/completions", json=body)
+            try:
+                response = await self.client.post("/chat/completions", json=body)
+            except httpx.TransportError as error:
+                raise EnvError(self._unreachable(error)) from None
         if response.status_code != 200:
             raise EnvError(f"{response.request.url} answered {response.status_code}: {response.text[:300]}")
         try:
@@ -349,5 +415,13 @@ class OpenAIBackend:
         usage = data.get("usage") or {}
         return Generation(message, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
-    async def generate(self, conversations: list[Conversation]) -> list[Generation]:
-        return list(await asyncio.gather(*(self._one(conversation) for conversation in conversations)))
+    async def generate(
+        self, conversations: list[Conversation], ready: Ready | None = None
+    ) -> list[Generation]:
+        async def one(index: int, conversation: Conversation) -> Generation:
+            generation = await self._one(conversation)
+            if ready is not None:
+                ready(index, generation)
+            return generation
+
+        return list(await asyncio.gather(*(one(index, c) for index, c in enumerate(conversations))))

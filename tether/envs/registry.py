@@ -3,19 +3,24 @@
 How a domain plugs in: a module exposes `register(registry: EnvRegistry) -> None`, which calls
 `registry.register("family/name", factory)` for each environment (the factory builds the
 `Environment` on first lookup, so listing hundreds of names stays cheap). Built-in modules are named
-in `BUILTIN_MODULES`; a third-party package declares the same function under the entry-point group
-`tether.envs`:
+by family in `BUILTIN_FAMILIES`; a third-party package declares the same function under the
+entry-point group `tether.envs`:
 
     [project.entry-points."tether.envs"]
     mydomain = "mypackage.envs:register"
 
-A mixture is a weighted list of names (`Mixture`, read from TOML by `load_mixture`). The registry is
-a plain object; nothing is registered at import time, and `default_registry()` builds one with the
-built-ins and the entry points.
+`default_registry()` holds every built-in family and plug-in, every command uses it, and it imports
+nothing up front: a family's module is imported when a name of that family is first looked up
+(reasoning-gym alone takes seconds), and every module and plug-in when all names are needed (listing,
+a glob over families, a name no loaded module has). A name is looked up in its own family's module
+first.
+
+A mixture is a weighted list of names (`Mixture`, read from TOML by `load_mixture`).
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import importlib.metadata
@@ -32,17 +37,20 @@ from tether.envs.base import MAX_SEED, EnvError, Environment, check_name
 from tether.errors import describe_validation_error
 
 ENTRY_POINT_GROUP = "tether.envs"
-# Each module exposes `register(registry)`. A new built-in domain is one more line here.
-BUILTIN_MODULES: tuple[str, ...] = (
-    "tether.envs.reasoning_gym",
-    "tether.envs.math",
-    "tether.envs.structured",
-    "tether.envs.finance",
-    "tether.envs.code",
-    "tether.envs.sql",
-    "tether.envs.shell",
-    "tether.envs.long_horizon",
-)
+# Family -> the module whose `register(registry)` registers that family's names (and only those).
+# A new built-in domain is one more line here.
+BUILTIN_FAMILIES: dict[str, str] = {
+    "rg": "tether.envs.reasoning_gym",
+    "math": "tether.envs.math",
+    "structured": "tether.envs.structured",
+    "finance": "tether.envs.finance",
+    "code": "tether.envs.code",
+    "sql": "tether.envs.sql",
+    "shell": "tether.envs.shell",
+    "long": "tether.envs.long_horizon",
+    "bench": "tether.envs.bench",
+}
+SUGGESTIONS = 5  # nearest names offered for an unknown one
 
 EnvFactory = Callable[[], Environment]
 RegisterFn = Callable[["EnvRegistry"], None]
@@ -75,6 +83,8 @@ class EnvRegistry:
         self._factories: dict[str, EnvFactory] = {}
         self._built: dict[str, Environment] = {}
         self._sources: dict[str, str] = {}  # name -> module or entry point that registered it
+        self._deferred: dict[str, str] = {}  # family -> module not imported yet
+        self._deferred_plugins: Callable[[], None] | None = None  # loads the entry points
 
     def register(self, name: str, factory: EnvFactory, *, source: str = "", replace: bool = False) -> None:
         check_name(name)
@@ -91,14 +101,23 @@ class EnvRegistry:
         """Register an environment that is already built."""
         self.register(env.name, lambda: env, source=source, replace=replace)
 
+    def defer(self, family: str, module: str) -> None:
+        """Import `module` and call its `register(registry)` when `family` is first needed."""
+        self._deferred[family] = module
+
+    def defer_entry_points(self, entry_points: Iterable[importlib.metadata.EntryPoint] | None = None) -> None:
+        """Load the plug-ins (default: the installed `tether.envs` entry points) when they may be needed."""
+        self._deferred_plugins = lambda: self.load_entry_points(entry_points)
+
     def __contains__(self, name: object) -> bool:
-        return name in self._factories
+        return isinstance(name, str) and self._find(name)
 
     def __len__(self) -> int:
+        self._load_everything()
         return len(self._factories)
 
     def get(self, name: str) -> Environment:
-        if name not in self._factories:
+        if not self._find(name):
             raise EnvError(f"unknown environment {name!r}{self._suggest(name)}; `tether envs list` shows all")
         if name not in self._built:
             env = self._factories[name]()
@@ -107,15 +126,51 @@ class EnvRegistry:
             self._built[name] = env
         return self._built[name]
 
+    def _find(self, name: str) -> bool:
+        """Whether `name` is registered, loading its family's module, then everything, until it is."""
+        if name not in self._factories:
+            self._load_family(name.split("/", 1)[0])
+        if name not in self._factories:
+            self._load_everything()
+        return name in self._factories
+
+    def _load_family(self, family: str) -> None:
+        module = self._deferred.pop(family, None)
+        if module is not None:
+            before = set(self._factories)
+            self.load_module(module)
+            outside = sorted(n for n in set(self._factories) - before if not n.startswith(f"{family}/"))
+            assert not outside, f"{module}, deferred as family {family!r}, registered {outside}"
+
+    def _load_plugins(self) -> None:
+        load, self._deferred_plugins = self._deferred_plugins, None
+        if load is not None:
+            load()
+
+    def _load_everything(self) -> None:
+        for family in list(self._deferred):
+            self._load_family(family)
+        self._load_plugins()
+
+    def close_names(self, name: str) -> list[str]:
+        """The registered names nearest to `name` (a typo, a glob without matches), nearest first."""
+        self._load_everything()
+        return difflib.get_close_matches(name, self._factories, n=SUGGESTIONS)
+
     def _suggest(self, name: str) -> str:
-        family = name.split("/", 1)[0]
-        close = [n for n in self._factories if n.split("/", 1)[0] == family][:5]
+        close = self.close_names(name)
         if close:
-            return f" (family {family!r} has e.g. {', '.join(close)})"
+            return f" (did you mean {', '.join(close)}?)"
         return f" (families: {', '.join(self.families())})" if self._factories else ""
 
     def names(self, pattern: str | None = None) -> list[str]:
         """All names, sorted; `pattern` is a shell glob such as `rg/*`."""
+        family = (pattern or "*").split("/", 1)[0]
+        if any(c in family for c in "*?["):
+            self._load_everything()
+        else:  # one family: its module and the plug-ins, which may add to it
+            self._load_family(family)
+            self._load_plugins()
         names = sorted(self._factories)
         return names if pattern is None else [n for n in names if fnmatch.fnmatchcase(n, pattern)]
 
@@ -125,7 +180,9 @@ class EnvRegistry:
         return self._sources[name]
 
     def families(self) -> list[str]:
-        return sorted({name.split("/", 1)[0] for name in self._factories})
+        """Every family, without importing the deferred modules."""
+        self._load_plugins()
+        return sorted({name.split("/", 1)[0] for name in self._factories} | set(self._deferred))
 
     def info(self, name: str) -> EnvInfo:
         env = self.get(name)
@@ -185,13 +242,14 @@ class EnvRegistry:
             self._sources[name] = self._sources[name] or source
 
 
-def default_registry(modules: Iterable[str] = BUILTIN_MODULES, entry_points: bool = True) -> EnvRegistry:
-    """A registry holding the built-in domains and, unless disabled, every installed plug-in."""
+def default_registry(families: dict[str, str] = BUILTIN_FAMILIES, entry_points: bool = True) -> EnvRegistry:
+    """The registry every command uses: the built-in families and, unless disabled, every installed
+    plug-in, each imported on first use."""
     registry = EnvRegistry()
-    for module in modules:
-        registry.load_module(module)
+    for family, module in families.items():
+        registry.defer(family, module)
     if entry_points:
-        registry.load_entry_points()
+        registry.defer_entry_points()
     return registry
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import random
-import re
 import shutil
 import statistics
 import tempfile
@@ -23,85 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.envs.base import (
-    ChatRenderer,
-    Environment,
-    Parsed,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    Task,
-)
-from tether.envs.registry import EnvRegistry
+from tether.envs.base import Task
+from tether.envs.bench import BENCH_ENV, reward
+from tether.envs.registry import default_registry
 from tether.errors import ConfigError
 from tether.rl.config import Mode, TrainConfig, parse_config
 
 Progress = Callable[[str], None]
 
-BENCH_ENV = "bench/integer_arithmetic"
-SYSTEM = "Solve the arithmetic problem. End your reply with the final answer as a plain integer."
-_INTEGER = re.compile(r"-?\d+")
 TRL_HINT = "pip install 'trl>=1.0,<2' (a benchmark-only dependency), or leave TRL out with --no-trl"
-
-
-# --- the task -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class IntegerArithmetic:
-    """`a op b` with op in + - * and two-digit operands (one digit for products): integer answers."""
-
-    def problem(self, seed: int) -> Problem:
-        rng = random.Random(seed)
-        op = rng.choice("+-*")
-        a, b = rng.randint(2, 99), rng.randint(2, 9 if op == "*" else 99)
-        value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return Problem(prompt=f"What is {a} {op} {b}?", answer=str(value))
-
-
-def final_integer(text: str) -> int | None:
-    """The last integer written in `text` (a leading minus counts), or None."""
-    found = _INTEGER.findall(text)
-    return int(found[-1]) if found else None
-
-
-def reward(completion: str, reference: str) -> float:
-    """1.0 when the completion's last integer is the reference answer, else 0.0."""
-    return 1.0 if final_integer(completion) == int(reference) else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class FinalInteger:
-    instructions: str = "End with the final answer as a plain integer."
-
-    def parse(self, completion: str) -> Parsed:
-        value = final_integer(completion)
-        return Parsed(None if value is None else str(value), value is not None)
-
-    def format(self, answer: str) -> str:
-        return f"The answer is {answer}."
-
-
-def _correct(inp: RewardInput) -> float:
-    return reward(inp.completion, inp.task.reference)
-
-
-def bench_registry() -> EnvRegistry:
-    """A registry holding only the benchmark's environment."""
-    registry = EnvRegistry()
-    registry.add(
-        Environment(
-            name=BENCH_ENV,
-            source=IntegerArithmetic(),
-            renderer=ChatRenderer(SYSTEM),
-            parser=FinalInteger(),
-            rubric=Rubric((Reward("correct", _correct),)),
-            description="integer arithmetic; reward 1 for the right final integer (tether rl bench)",
-        ),
-        source=__name__,
-    )
-    return registry
 
 
 # --- configuration and results ----------------------------------------------------------------------------
@@ -216,7 +144,7 @@ def train_config(config: BenchConfig, mode: Mode, out_dir: Path) -> TrainConfig:
 def run_tether(config: BenchConfig, mode: Mode, out_dir: Path, progress: Progress) -> StepTimes:
     from tether.rl.trainer import build_trainer
 
-    trainer = build_trainer(train_config(config, mode, out_dir), registry=bench_registry())
+    trainer = build_trainer(train_config(config, mode, out_dir))
     times, clock = StepTimes(), _Clock()
 
     def on_step(metrics: dict[str, float]) -> None:
@@ -255,7 +183,7 @@ def run_trl(config: BenchConfig, out_dir: Path, progress: Progress) -> StepTimes
     from tether.models.loader import resolve
 
     folder = resolve(config.model, config.cache_dir)
-    env = bench_registry().get(BENCH_ENV)
+    env = default_registry().get(BENCH_ENV)
     tasks: list[Task] = [env.task(seed) for seed in range(config.prompts * config.total_steps)]
     dataset = datasets.Dataset.from_list([{"prompt": t.messages, "answer": t.reference} for t in tasks])
     times, clock = StepTimes(), _Clock()

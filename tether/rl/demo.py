@@ -24,15 +24,13 @@ from rich.table import Table
 
 from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider
-from tether.envs.registry import EnvRegistry, default_registry
+from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
-from tether.rl.bench import BENCH_ENV, bench_registry
 from tether.rl.config import Backend, TrainConfig, parse_config
-from tether.rl.report import write_report
+from tether.rl.report import ALL, write_report  # ALL: the comparison row over every domain
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
 from tether.rl.trainer import EngineRollouts, Metrics, build_trainer
 
-ALL = "all"  # the comparison row over every domain
 Z_CLEAR = 2.0  # a gain counts as clear when it exceeds this many standard errors
 
 
@@ -151,13 +149,6 @@ def load_demo_config(path: Path) -> DemoConfig:
     return parse_demo_config(raw, str(path))
 
 
-def demo_registry() -> EnvRegistry:
-    """The built-in domains plus `tether rl bench`'s integer arithmetic (reward 1 for the final integer)."""
-    registry = default_registry()
-    registry.add(bench_registry().get(BENCH_ENV), source="tether.rl.bench")
-    return registry
-
-
 # --- evaluation -----------------------------------------------------------------------------------------
 
 
@@ -212,6 +203,7 @@ class Comparison:
             "reward_after": self.after,
             "delta": self.delta,
             "stderr": self.stderr,
+            "noise": Z_CLEAR * self.stderr,  # a gain above this is clear
             "pass_before": self.before_pass,
             "pass_after": self.after_pass,
             "clear": self.clear,
@@ -320,7 +312,7 @@ def run_demo(
     phase = on_phase or (lambda _: None)
     timings: dict[str, float] = {}
     start = clock()
-    trainer = build_trainer(config.train, registry=registry or demo_registry(), sandbox=sandbox)
+    trainer = build_trainer(config.train, registry=registry, sandbox=sandbox)
     try:
         source = trainer.rollouts
         assert isinstance(source, EngineRollouts), "the local backend rolls out with an in-process engine"
@@ -345,14 +337,15 @@ def run_demo(
         timings["eval_after_s"] = clock() - mark
     finally:
         trainer.close()
-    write_report(trainer.run_dir)
+    comparisons = compare(before, after)
+    write_report(trainer.run_dir, [row.to_dict() for row in comparisons])
     seeds: dict[str, list[int]] = {}
     for plan in plans:
         seeds.setdefault(plan.env, []).append(plan.seed)
     timings["total_s"] = clock() - start
     return DemoResult(
         run_dir=trainer.run_dir,
-        comparisons=compare(before, after),
+        comparisons=comparisons,
         history=history,
         held_out_seeds=seeds,
         versions_before=policy_versions(before),
