@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from tether.envs.base import EpisodeState, StepValidator
 from tether.envs.sandboxed import run_trusted
 
-# Files each run of a session writes itself (the program it was given); never the model's doing.
-LAUNCHER_FILES = frozenset({"main.py", "main.sh", "harness.bin"})
+# Files a run writes itself beside the model's (the code harness); never the model's doing. A session's
+# own programs live outside its working directory, so a main.py there is the model's.
+LAUNCHER_FILES = frozenset({"harness.bin"})
 _PROTECTED = "qc.protected"
 _VIOLATION = "qc.setup_violation"
 

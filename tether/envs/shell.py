@@ -42,9 +42,8 @@ from tether.sandbox.result import RunStatus
 
 SYSTEM = (
     "You operate a Linux terminal through tools. Use `shell` to run bash commands and `python` to run "
-    "Python programs; both work in the same directory, which persists between calls (the file names "
-    "main.py and main.sh are used by the tools themselves). Do not modify the files the task marks as "
-    "protected. When the task is done, call `submit` with a one-line summary."
+    "Python programs; both work in the same directory, which persists between calls. Do not modify the "
+    "files the task marks as protected. When the task is done, call `submit` with a one-line summary."
 )
 TASK_FILE = "TASK.md"
 WORDS = ["alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "oscar", "sierra", "tango", "zulu"]

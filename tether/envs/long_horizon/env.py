@@ -25,9 +25,9 @@ from tether.envs.tools import python_tool, shell_tool, submit_tool
 
 SYSTEM = (
     "You are a software engineer working in a repository through tools: `shell` runs bash commands and "
-    "`python` runs Python programs in the repository's root, which persists between calls (the tools "
-    "themselves use the file names main.py and main.sh). Read the specification, implement it, run the "
-    "tests, and call `submit` when you are done. Never modify the tests."
+    "`python` runs Python programs in the repository's root, which persists between calls. Read the "
+    "specification, implement it, run the tests, and call `submit` when you are done. Never modify the "
+    "tests."
 )
 TASKS: dict[str, tuple[Callable[[int], Repo], str]] = {
     "ledger": (ledger_repo, "a three-module ledger package (parse, balance, report)"),
