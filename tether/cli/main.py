@@ -32,7 +32,7 @@ COMMANDS = {
     ),
     "worker": LazyCommand(
         "tether.cli.worker:worker_command",
-        "Run agent tasks from the queue until stopped (Ctrl-C: after the current steps; SIGKILL is safe too).",
+        "Run agent tasks from the queue until stopped (Ctrl-C: after the current steps; SIGKILL is safe).",
     ),
     "demo": LazyCommand(
         "tether.cli.demo:demo_command",

@@ -173,7 +173,7 @@ def worker_command(
         int | None, typer.Option("--metrics-port", min=1, max=65535, help="Serve Prometheus /metrics here.")
     ] = None,
 ) -> None:
-    """Run agent tasks from the queue until stopped (Ctrl-C: after the current steps; SIGKILL is safe too).
+    """Run agent tasks from the queue until stopped (Ctrl-C: after the current steps; SIGKILL is safe).
 
     A first SIGINT/SIGTERM lets each running task finish its step, a second stops at once; either way every
     task resumes from its journal."""
