@@ -263,7 +263,7 @@ def test_agent_run_loads_the_model_before_the_timeline_starts(
         print("Loading weights: 100%|##########| 103/103")  # what an engine's loading prints
         return ScriptedModel(script)
 
-    monkeypatch.setattr("tether.cli.agent.open_model", loading_model)
+    monkeypatch.setattr("tether.agents.model.open_model", loading_model)  # the CLI imports it on use
     code, output = invoke("agent", "run", "g", "--model", "smollm2-135m-instruct", "--home", str(tmp_path))
     assert code == 0, output
     lines = output.splitlines()

@@ -122,16 +122,16 @@ def test_readme_first_commands_print_what_it_promises(stranger: Stranger) -> Non
 
 
 def test_readme_sandbox_run_prints_one_json_object(stranger: Stranger) -> None:
-    run = tether(stranger, "sandbox", "run", "--language", "python", "-", stdin="print(input()[::-1])\n")
+    run = tether(stranger, "sandbox", "run", "--language", "python", "-", stdin="print('olleh'[::-1])\n")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
-    assert result["status"] == "ok", result
+    assert (result["status"], result["stdout"]) == ("ok", "hello\n"), result
 
 
 def test_readme_environment_commands(stranger: Stranger) -> None:
     listed = tether(stranger, "envs", "list", "bench/*", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert "bench/integer_arithmetic" in {row["name"] for row in json.loads(listed.stdout)}
+    assert "bench/integer_arithmetic" in {row["name"] for row in json.loads(listed.stdout)["envs"]}
     shown = tether(stranger, "envs", "show", "bench/integer_arithmetic", "-n", "3", "--seed", "1")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("bench/integer_arithmetic") >= 1 and len(shown.stdout.splitlines()) >= 3

@@ -40,7 +40,8 @@ COMMANDS = {
     ),
     "sandbox": LazyCommand("tether.cli.sandbox:app", "Isolated execution of untrusted code."),
     "models": LazyCommand(
-        "tether.cli.models:app", "Models: pull registered models into the cache, list them."
+        "tether.cli.models:app",
+        "Models: pull registered models into the cache, list them, check this CPU's kernels.",
     ),
     "engine": LazyCommand("tether.cli.engine:app", "The inference engine: benchmarks."),
     "envs": LazyCommand("tether.cli.envs:app", "Verifiable environments: list, inspect, score."),
