@@ -13,7 +13,6 @@ subsystem, including those that never load these settings, finds the same one.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tether.errors import ConfigError
+from tether.errors import ConfigError, did_you_mean
 from tether.sandbox.spec import SandboxSpec
 
 ENV_PREFIX = "TETHER_"
@@ -113,11 +112,6 @@ def file_layer(path: Path) -> Layer:
     return f"config file {path}", data
 
 
-def _nearest(name: str, known: list[str], spell: Callable[[str], str] = repr) -> str:
-    matches = difflib.get_close_matches(name, known, n=1)
-    return f"; did you mean {spell(matches[0])}?" if matches else ""
-
-
 def env_layer(environ: Mapping[str, str], warn: Warn = _log.warning) -> Layer:
     """`TETHER_*` variables as a layer; one that names no top-level setting is reported to `warn`
     and skipped, since other programs may use the prefix for their own variables."""
@@ -128,7 +122,7 @@ def env_layer(environ: Mapping[str, str], warn: Warn = _log.warning) -> Layer:
             continue
         keys = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         if keys[0] not in sections:
-            hint = _nearest(keys[0], sections, lambda section: f"{ENV_PREFIX}{section.upper()}")
+            hint = did_you_mean(keys[0], sections, lambda section: f"{ENV_PREFIX}{section.upper()}")
             warn(f"ignoring environment variable {name}: not a tether setting{hint}")
             continue
         if any(not key for key in keys):
@@ -188,7 +182,7 @@ def build_settings(layers: list[Layer]) -> TetherSettings:
             origin = origins.get(key, "defaults")
             if problem["type"] == "extra_forbidden":
                 known = _known_keys(TetherSettings, problem["loc"])
-                hint = _nearest(str(problem["loc"][-1]), known)
+                hint = did_you_mean(str(problem["loc"][-1]), known)
                 lines.append(
                     f"unknown setting {key!r} (from {origin}); known keys here: {', '.join(known)}{hint}"
                 )

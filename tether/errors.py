@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Iterable
+
 from pydantic import BaseModel, ValidationError
 
 
@@ -11,6 +14,13 @@ class TetherError(Exception):
 
 class ConfigError(TetherError, ValueError):
     """A configuration value (file, environment, flag or request) is unknown or invalid."""
+
+
+def did_you_mean(name: str, known: Iterable[str], spell: Callable[[str], str] = repr) -> str:
+    """`; did you mean 'x'?` naming the known name closest to a mistyped one, or '' when none is close
+    (a suggestion by spelling, not the first name in the list)."""
+    matches = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {spell(matches[0])}?" if matches else ""
 
 
 def describe_validation_error(

@@ -51,7 +51,12 @@ def test_role_presets_wire_the_planner_coder_reviewer_loop() -> None:
 
 @pytest.mark.parametrize(
     ("names", "message"),
-    [("planner,hacker", "unknown role"), ("", "unknown role"), ("coder,coder", "named twice")],
+    [
+        ("planner,hacker", "unknown role"),
+        ("planer,coder", r"unknown role\(s\) \['planer'\]; did you mean 'planner'\?"),
+        ("", "unknown role"),
+        ("coder,coder", "named twice"),
+    ],
 )
 def test_bad_role_lists_are_rejected(names: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

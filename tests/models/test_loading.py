@@ -19,6 +19,11 @@ def test_unknown_model_name_names_the_known_models(tmp_path: Path) -> None:
         pull("gpt-17", tmp_path)
 
 
+def test_a_misspelt_model_name_suggests_the_model_meant(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError, match=r"'smolm2-135m'; did you mean 'smollm2-135m-instruct'\?"):
+        load("smolm2-135m", cache_dir=tmp_path)
+
+
 def test_empty_cache_lists_nothing(tmp_path: Path) -> None:
     assert list_cached(tmp_path) == []
 

@@ -8,7 +8,7 @@ and only the roles allowed `finish` can end the task. Budgets (`Limits`) apply t
 from __future__ import annotations
 
 from tether.agents.task import RoleSpec
-from tether.errors import ConfigError
+from tether.errors import ConfigError, did_you_mean
 
 PRESET_ROLES: dict[str, RoleSpec] = {
     role.name: role
@@ -49,8 +49,9 @@ def select_roles(names: str) -> tuple[RoleSpec, ...]:
     chosen = [name.strip() for name in names.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in PRESET_ROLES]
     if not chosen or unknown:
+        hint = did_you_mean(unknown[0], PRESET_ROLES) if unknown else ""
         raise ConfigError(
-            f"--roles {names!r}: unknown role(s) {unknown}; known roles: {', '.join(PRESET_ROLES)}"
+            f"--roles {names!r}: unknown role(s) {unknown}{hint}; known roles: {', '.join(PRESET_ROLES)}"
         )
     if len(set(chosen)) != len(chosen):
         raise ConfigError(f"--roles {names!r}: a role is named twice")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tether.errors import TetherError
+from tether.errors import TetherError, did_you_mean
 
 
 class UnknownModelError(TetherError, KeyError):
@@ -44,6 +44,6 @@ def lookup(name: str) -> ModelSource:
         return KNOWN_MODELS[name]
     except KeyError:
         raise UnknownModelError(
-            f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))} "
-            "(or pass the path of a local Hugging Face model folder)"
+            f"unknown model {name!r}{did_you_mean(name, KNOWN_MODELS) or ';'} known models: "
+            f"{', '.join(sorted(KNOWN_MODELS))} (or pass the path of a local Hugging Face model folder)"
         ) from None
