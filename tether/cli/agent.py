@@ -173,14 +173,7 @@ def _work_and_follow(cli: CliState, config: AgentsConfig, task_id: str, model: C
 
     async def main() -> TaskRecord:
         stop = asyncio.Event()
-        stop_on_interrupt(
-            stop,
-            lambda: err_console.print(
-                "interrupted: stopping after the current step (Ctrl-C again to stop at once)",
-                highlight=False,
-                soft_wrap=True,
-            ),
-        )
+        stop_on_interrupt(stop, "interrupted: stopping after the current step (Ctrl-C again to stop at once)")
         journal = Journal(config.store_url, table_prefix=config.table_prefix)
         worker = asyncio.create_task(run_worker(cli, config, model, WorkerConfig(max_in_flight=1), stop))
         printed: dict[int, int] = {}

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import signal
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -84,9 +83,10 @@ class Locations:
         )
 
 
-def stop_on_interrupt(stop: asyncio.Event, on_first: Callable[[], None]) -> None:
-    """The first SIGINT/SIGTERM sets `stop` (tasks stop at their next step boundary, resumable); a second
-    cancels the running task (the caller's main coroutine) at once. Call from inside that coroutine."""
+def stop_on_interrupt(stop: asyncio.Event, notice: str) -> None:
+    """The first SIGINT/SIGTERM sets `stop` (tasks stop at their next step boundary, resumable) and prints
+    `notice`; a second cancels the running task (the caller's main coroutine) at once. Call from inside
+    that coroutine."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
@@ -96,7 +96,7 @@ def stop_on_interrupt(stop: asyncio.Event, on_first: Callable[[], None]) -> None
             main.cancel()
         else:
             stop.set()
-            on_first()
+            err_console.print(notice, highlight=False, soft_wrap=True)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupted)
@@ -192,11 +192,7 @@ def worker_command(
         async def main() -> int:
             stop = asyncio.Event()
             stop_on_interrupt(
-                stop,
-                lambda: err_console.print(
-                    "stopping: running tasks stop after their current step (again to stop at once)",
-                    highlight=False,
-                ),
+                stop, "stopping: running tasks stop after their current step (again to stop at once)"
             )
             try:
                 return await run_worker(
