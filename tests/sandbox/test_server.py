@@ -478,15 +478,14 @@ async def test_healthz_is_200_when_a_trivial_run_passes(client: httpx.AsyncClien
     assert response.json() == {"status": "ok", "slots": 2, "open_sessions": 0, "running": 0, "queue_depth": 0}
 
 
-async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -> None:
-    transport = httpx.ASGITransport(app=create_app(pool, health_timeout_s=0.3))
+async def test_healthz_is_503_full_at_once_when_open_sessions_hold_every_slot(pool: SandboxPool) -> None:
+    transport = httpx.ASGITransport(app=create_app(pool, health_timeout_s=30))
     async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
         sessions = [(await http.post("/v1/sessions")).json()["id"] for _ in range(pool.config.slots)]
         try:
-            response = await http.get("/healthz")
-            assert response.status_code == 503
-            assert response.json()["status"] == "unhealthy"
-            assert "0.3 s" in response.json()["reasons"][0]
+            response = await asyncio.wait_for(http.get("/healthz"), 5)  # not the 30 s health timeout
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+            assert response.json()["status"] == "full"
             assert "2 of 2 slots held by open sessions" in response.json()["reasons"][0]
             assert response.json()["open_sessions"] == response.json()["slots"] == 2
         finally:
@@ -494,6 +493,25 @@ async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -
                 await http.delete(f"/v1/sessions/{session}")
         assert (await http.get("/healthz")).status_code == 200
         assert pool.queue_depth == 0 and pool.busy_slots == 0
+
+
+async def test_healthz_is_503_when_no_slot_frees_up_in_time(pool: SandboxPool) -> None:
+    transport = httpx.ASGITransport(app=create_app(pool, health_timeout_s=0.3))
+    async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
+        runs = [
+            asyncio.create_task(http.post("/v1/run", json={"code": "import time; time.sleep(2)"}))
+            for _ in range(pool.config.slots)
+        ]
+        while pool.busy_slots < pool.config.slots:
+            await asyncio.sleep(0.02)
+        response = await http.get("/healthz")
+        assert response.status_code == 503
+        assert response.json()["status"] == "unhealthy"
+        assert "0.3 s" in response.json()["reasons"][0]
+        assert response.json()["running"] == response.json()["slots"] == 2
+        finished = [await run for run in runs]
+        assert [run.json()["status"] for run in finished] == ["ok"] * len(runs)
+        assert (await http.get("/healthz")).status_code == 200
 
 
 async def test_session_open_with_every_slot_held_by_sessions_is_a_503_with_retry_after() -> None:
@@ -505,7 +523,10 @@ async def test_session_open_with_every_slot_held_by_sessions_is_a_503_with_retry
             started = time.monotonic()
             refused = await asyncio.wait_for(http.post("/v1/sessions"), 5)
             waited = time.monotonic() - started
-            health = (await http.get("/healthz")).json()
+            started = time.monotonic()
+            health_response = await asyncio.wait_for(http.get("/healthz"), 5)
+            health_s = time.monotonic() - started
+            health = health_response.json()
             text = (await http.get("/metrics")).text
             await http.delete(f"/v1/sessions/{held}")
             reopened = await asyncio.wait_for(http.post("/v1/sessions"), 5)
@@ -516,6 +537,9 @@ async def test_session_open_with_every_slot_held_by_sessions_is_a_503_with_retry
     assert error["type"] == "no_free_slot"
     assert "within 0.3 s" in error["message"] and "1 of 1 slots held by open sessions" in error["message"]
     assert health["open_sessions"] == health["slots"] == 1
+    # the health run would wait for a slot only a session's close frees: answered at once instead
+    assert health_response.status_code == 503 and health["status"] == "full" and health_s < 2
+    assert health_response.headers["retry-after"] == "1"
     assert metric(text, "tether_sandbox_open_sessions") == 1
     assert metric(text, "tether_sandbox_sessions_refused_total") == 1
     assert reopened.status_code == 201

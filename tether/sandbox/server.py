@@ -8,6 +8,7 @@
     GET  /v1/sessions/{id}/files?path=a&path=b   -> {"files": {path: base64}}; any missing path -> 404
     DELETE /v1/sessions/{id}             -> 204
     GET  /healthz                        one trivial run through the pool: 200 or 503, with slot usage
+                                         (503 "full" at once when open sessions hold every slot)
     GET  /metrics                        Prometheus text, from a registry owned by this app
 
 Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
@@ -410,6 +411,13 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
+        usage = slot_usage()
+        if usage["open_sessions"] >= usage["slots"]:
+            # A health run would wait for a slot that only a session's close frees: say so at once.
+            reasons = [f"every slot is held by an open session ({pool.describe_slots()})"]
+            full = JSONResponse({"status": "full", "reasons": reasons, **usage}, status_code=503)
+            full.headers["Retry-After"] = "1"
+            return full
         try:
             report = await asyncio.wait_for(pool.health(), health_timeout_s)
         except TimeoutError:
