@@ -127,7 +127,8 @@ def test_the_report_opens_with_the_held_out_evaluation_table() -> None:
     table = page.index('<table id="evaluation">')
     assert table < page.index("<img") and table < page.index("Steps recorded")
     assert "Held-out evaluation before and after 3 RL steps" in page
-    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page[table:].split("</table>")[0])
+    header, *rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page[table:].split("</table>")[0])
+    assert header.startswith("<th>domain</th>") and header.endswith("<th>verdict</th>")
     assert ["math/arithmetic" in rows[0], "code/python" in rows[1], "all" in rows[2]] == [True] * 3
     assert "<td>0.200</td><td>0.500</td><td>+0.300</td><td>0.040</td>" in rows[0] and "clear gain" in rows[0]
     assert "within noise" in rows[1]

@@ -229,7 +229,7 @@ def _evaluation_table(evaluation: Evaluation, steps: int, styles: Mapping[str, S
             f"<td>{'clear gain' if row['clear'] else 'within noise'}</td></tr>"
         )
     title = f"Held-out evaluation before and after {steps} RL steps"
-    return f'<h2>{title}</h2><table id="evaluation">{head}{"".join(cells)}</table>'
+    return f'<h2>{title}</h2><table id="evaluation"><tr>{head}</tr>{"".join(cells)}</table>'
 
 
 def _summary(rows: Sequence[Row], names: Sequence[str], styles: Mapping[str, Style]) -> str:
