@@ -31,7 +31,7 @@ def serve_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
-    from tether.engine.server import listen, serve
+    from tether.engine.launcher import listen, serve
 
     with user_errors():
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once

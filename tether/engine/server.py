@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
-import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
@@ -30,7 +27,6 @@ from transformers import PreTrainedTokenizerBase
 
 from tether.engine.async_engine import (
     AsyncEngine,
-    AsyncEngineConfig,
     EngineOverloadedError,
     EngineStoppedError,
     RequestDelta,
@@ -451,71 +447,3 @@ def create_app(async_engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, mo
         return Response(generate_latest(server.metrics.registry), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port, taken before a model loads: a port in use then fails at once, and
-    nothing can take it between the check and the server starting."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as error:
-        raise ConfigError(f"cannot listen on {host}:{port}: {error}; expected a local address") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: not a listening port
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        reason = "the port is already in use" if error.errno == errno.EADDRINUSE else error.strerror
-        raise ConfigError(f"cannot listen on {host}:{port}: {reason}; pass another --port") from None
-    return sock
-
-
-def serve(
-    model: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    kv_cache_mib: int = 256,
-    model_name: str | None = None,
-    max_pending_requests: int = 1024,
-    log_level: str = "info",
-    listener: socket.socket | None = None,
-    **engine_options: Any,
-) -> None:
-    """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
-    registered name), then serve it with uvicorn until interrupted."""
-    import uvicorn
-
-    from tether.engine.llm_engine import LLMEngine
-    from tether.models import configure_threads
-
-    sock = listener or listen(host, port)
-    with sock:
-        configure_threads()
-        engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
-        engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
-        async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
-        app = create_app(async_engine, tokenizer, model_name or Path(model).name)
-        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
-        async_engine.start()
-        try:
-            _announcing_server(config).run(sockets=[sock])
-        finally:
-            async_engine.shutdown()
-
-
-def _announcing_server(config: Any) -> Any:
-    """uvicorn's server for `config`, saying where it listens once it does: uvicorn is silent about the
-    sockets it is handed, and the model may have taken a while to load."""
-    import uvicorn
-
-    class Announcing(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if sockets and not self.should_exit:
-                host, port = sockets[0].getsockname()[:2]
-                logging.getLogger("uvicorn.error").info(
-                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
-                )
-
-    return Announcing(config)
