@@ -7,7 +7,6 @@ every problem as `{"error": {"message", "type", "param", "code"}}`. Fields the m
 
 from __future__ import annotations
 
-import json
 import re
 import reprlib
 from collections.abc import Sequence
@@ -16,6 +15,8 @@ from typing import Annotated, Literal
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+from tether.web import AsciiJSONResponse
 
 
 def _lone_surrogate(value: object) -> str | None:
@@ -138,9 +139,7 @@ class APIError(Exception):
 
     def response(self) -> Response:
         error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        # ASCII with escapes: a name or value quoted from a bad request may hold a lone surrogate.
-        body = json.dumps({"error": error}, ensure_ascii=True, separators=(",", ":"))
-        return Response(body, status_code=self.status, media_type="application/json")
+        return AsciiJSONResponse({"error": error}, status_code=self.status)
 
 
 SAMPLING_FIELD = re.compile(r"^sampling: (\w+) =")

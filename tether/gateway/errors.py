@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from tether.errors import TetherError
-
-
-class _AsciiJSONResponse(JSONResponse):
-    """JSON with every non-ASCII character escaped: a message quoting a client's lone surrogate still
-    encodes (JSONResponse's UTF-8 rendering would fail on it)."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
+from tether.web import AsciiJSONResponse
 
 
 class GatewayError(TetherError):
@@ -41,4 +32,4 @@ class GatewayError(TetherError):
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
-        return _AsciiJSONResponse({"error": self.body()}, status_code=self.status, headers=headers)
+        return AsciiJSONResponse({"error": self.body()}, status_code=self.status, headers=headers)

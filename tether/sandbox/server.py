@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
@@ -46,6 +45,7 @@ from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
 from tether.sandbox.spec import SandboxSpec, UnicodeText, sandbox_path
+from tether.web import AsciiJSONResponse
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
@@ -58,13 +58,6 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.field = status, message, kind, field
-
-
-class AsciiJSONResponse(JSONResponse):
-    """JSON with every non-ASCII character escaped: an error that quotes a lone surrogate still renders."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 def error_response(status: int, message: str, kind: str, field: str | None = None) -> JSONResponse:
