@@ -39,7 +39,8 @@ from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
 from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble
 from tether.rl.learner import Learner
 from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
-from tether.rl.trainer import EngineRollouts, Trainer, learner_options, to_samples
+from tether.rl.sources import EngineRollouts
+from tether.rl.trainer import Trainer, learner_options, to_samples
 
 from .fake_envs import letters_env
 

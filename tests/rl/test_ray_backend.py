@@ -33,7 +33,8 @@ from tether.rl.ray_backend import (
     shard_plans,
 )
 from tether.rl.rollout import PromptPlan, Rollout
-from tether.rl.trainer import Generated, build_trainer
+from tether.rl.sources import Generated
+from tether.rl.trainer import build_trainer
 
 from .fake_envs import fake_registry
 from .test_cli_train import _write_config

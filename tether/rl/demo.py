@@ -29,7 +29,8 @@ from tether.errors import ConfigError
 from tether.rl.config import Backend, TrainConfig, parse_config
 from tether.rl.report import ALL, write_report  # ALL: the comparison row over every domain
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
-from tether.rl.trainer import EngineRollouts, Metrics, build_trainer
+from tether.rl.sources import EngineRollouts
+from tether.rl.trainer import Metrics, build_trainer
 
 Z_CLEAR = 2.0  # a gain counts as clear when it exceeds this many standard errors
 

@@ -31,9 +31,8 @@ from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
 from tether.rl.config import RaySection, TrainConfig
 from tether.rl.learner import Learner, LearnStats, Sample
 from tether.rl.rollout import PromptPlan
+from tether.rl.sources import EngineRollouts, Generated
 from tether.rl.trainer import (
-    EngineRollouts,
-    Generated,
     Trainer,
     learner_options,
     make_engine,

@@ -1,0 +1,102 @@
+"""Where a step's rollouts come from: the `RolloutSource` seam and its in-process implementation.
+
+A source generates and scores planned prompts with the weights it last loaded and tags every token with
+the policy version that produced it. `EngineRollouts` runs our `LLMEngine` in this process; the Ray
+backend's workers (`ray_backend.py`) implement the same protocol over actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from tether.engine.sampling import SamplingParams
+from tether.envs.base import ScoringContext, Task
+from tether.envs.registry import EnvRegistry
+from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply
+from tether.rl.rollout import PromptPlan, Rollout, generate_groups, score_groups
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tether.engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A step's planned prompts, generated and scored by a `RolloutSource`."""
+
+    tasks: list[Task]
+    rollouts: list[Rollout]  # `samples_per_prompt` per plan, in plan order
+    generate_s: float
+    score_s: float
+
+
+class RolloutSource(Protocol):
+    """Where rollouts come from: `EngineRollouts` in this process, or Ray workers (`ray_backend.py`)."""
+
+    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
+        """Generate and score the planned prompts with the weights last loaded."""
+        ...
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Generate with `weights` from now on; their tokens are recorded as policy `version`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EngineRollouts:
+    """Rollouts from an engine in this process, scored on one event loop (the sandbox pool lives on it)."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        registry: EnvRegistry,
+        ctx: ScoringContext,
+        params: SamplingParams,
+        clock: Callable[[], float] = time.monotonic,
+        parse_reply: ReplyParser = text_reply,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.registry = registry
+        self.ctx = ctx
+        self.params = params
+        self.clock = clock
+        self.parse_reply = parse_reply  # multi-turn: reply text -> assistant message (tool calls)
+        # Decode steps of few sequences computed as the learner computes whole sequences: equal logprobs.
+        engine.runner.model.set_batch_invariant(True)
+        # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
+        self._loop = asyncio.new_event_loop()
+
+    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
+        start = self.clock()
+        if any(self.registry.get(plan.env).multi_turn for plan in plans):
+            # Episodes are scored as they end, while the engine keeps generating for the others.
+            driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
+            tasks, rollouts = self._loop.run_until_complete(driver.run(plans, self.ctx))
+            return Generated(tasks, rollouts, self.clock() - start, 0.0)
+        tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
+        generated = self.clock()
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        return Generated(tasks, rollouts, generated - start, self.clock() - generated)
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        if version == self.engine.latest_version:
+            return  # a version's weights never change (version 0: the engine loaded them itself)
+        # The engine applies the update under its policy (by default once in-flight requests finish),
+        # so every token stays tagged with the version that really produced it.
+        self.engine.update_weights(weights, version=version)
+
+    def close(self) -> None:
+        """Stop the sandbox pool (if scoring started one) and the event loop."""
+        if self.ctx.sandbox is not None:
+            self._loop.run_until_complete(self.ctx.sandbox.aclose())
+        self._loop.close()
