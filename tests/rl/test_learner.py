@@ -146,7 +146,7 @@ def test_kl_to_the_reference_starts_at_zero_then_grows(tiny_model: Callable[[str
 
 def test_bf16_without_a_bf16_device_is_refused(tiny_model: Callable[[str], Path]) -> None:
     model, _, _ = load(tiny_model("llama"))
-    with pytest.raises(ConfigError, match=r"model\.bf16 = true needs a CUDA device"):
+    with pytest.raises(ConfigError, match=r"model\.dtype = 'bfloat16' needs a CUDA device"):
         Learner(
             model, OptimSection(), LossConfig(), total_steps=1, temperature=1.0, max_new_tokens=4, bf16=True
         )

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tether.errors import ConfigError
+from tether.models.precision import DEVICE_PATTERN, DType
 from tether.rl.advantages import AdvantageKind
 from tether.rl.losses import Aggregation, LossConfig
 
@@ -73,12 +74,16 @@ class ModelSection(_Section):
     name: str = Field("smollm2-135m-instruct", description="Registered model name or a local HF folder.")
     cache_dir: Path | None = Field(None, description="Model cache (default: the tether settings' cache).")
     device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|cuda(:[0-9]+)?)$",
-        description="Torch device of learner and engine: cpu, cuda:N.",
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description="Torch device of learner and engine: auto (CUDA where present), cpu, cuda, cuda:N.",
+    )
+    dtype: DType = Field(
+        DType.FLOAT32,
+        description="Engine weights and KV cache, and the learner's compute: float32, bfloat16, float16 "
+        "(the learner keeps float32 master weights).",
     )
     kv_cache_mib: int = Field(256, ge=1, description="Engine KV cache size, MiB.")
-    bf16: bool = Field(False, description="Learner forward in bfloat16 autocast (needs a device with bf16).")
     lora: LoraSection | None = Field(
         None, description="LoRA adapters ([model.lora]); unset: full fine-tuning."
     )
@@ -196,12 +201,12 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.run.backend is Backend.RAY and self.model.device != "cpu":
+        if self.run.backend is Backend.RAY and self.model.device.startswith("cuda"):
             # Ray gives each actor its own CUDA_VISIBLE_DEVICES: "cuda" is whatever GPU it was granted.
             if self.model.device != "cuda":
                 raise ValueError(
-                    f"model.device = {self.model.device!r} with run.backend = 'ray': use 'cuda' (Ray "
-                    "assigns each actor its GPU) or 'cpu'"
+                    f"model.device = {self.model.device!r} with run.backend = 'ray': use 'cuda' or 'auto' "
+                    "(Ray assigns each actor its GPU) or 'cpu'"
                 )
             if self.ray.learner_gpus == 0 or self.ray.rollout_gpus == 0:
                 raise ValueError(

@@ -204,7 +204,7 @@ class Learner:
         self.device = next(model.parameters()).device
         if bf16 and not (self.device.type == "cuda" and torch.cuda.is_bf16_supported()):
             raise ConfigError(
-                f"model.bf16 = true needs a CUDA device with bfloat16; the learner is on {self.device}"
+                f"model.dtype = 'bfloat16' needs a CUDA device with bfloat16; the learner is on {self.device}"
             )
         self.bf16 = bf16
         self.optimizer = torch.optim.AdamW(

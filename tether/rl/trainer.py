@@ -27,6 +27,7 @@ from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider, ScoringContext, Task
 from tether.envs.registry import EnvRegistry, Mixture, default_registry, mixture_from_weights
 from tether.errors import ConfigError
+from tether.models.precision import DType, resolve_device
 from tether.models.threads import strict_matmul
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
@@ -345,7 +346,8 @@ def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrained
         model_config.name,
         cache_dir=model_config.cache_dir,
         kv_cache_mib=model_config.kv_cache_mib,
-        device=device,
+        device=resolve_device(device, "model.device"),
+        dtype=model_config.dtype.torch,
         seed=config.run.seed,
     )
 
@@ -382,11 +384,14 @@ def make_learner(config: TrainConfig, device: str) -> Learner:
     from tether.models import load
 
     model_config = config.model
-    model, _, _ = load(model_config.name, model_config.cache_dir, device=device)
+    where = resolve_device(device, "model.device")
+    # float32 master weights whatever model.dtype says: the learner computes in model.dtype (autocast)
+    model, _, _ = load(model_config.name, model_config.cache_dir, device=where)
     reference = None
     if config.algorithm.kl_coef > 0:
-        reference, _, _ = load(model_config.name, model_config.cache_dir, device=device)
-    return Learner(model, reference=reference, bf16=model_config.bf16, **learner_options(config))
+        reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
+    bf16 = model_config.dtype is DType.BFLOAT16
+    return Learner(model, reference=reference, bf16=bf16, **learner_options(config))
 
 
 def build_trainer(
