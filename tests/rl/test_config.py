@@ -104,3 +104,10 @@ def test_every_example_config_is_valid_and_names_only_registered_environments(ex
 )
 def test_lr_schedule(step: int, schedule: Schedule, expected: float) -> None:
     assert lr_multiplier(step, warmup_steps=2, total_steps=10, schedule=schedule) == pytest.approx(expected)
+
+
+def test_the_retired_bf16_key_says_what_replaced_it() -> None:
+    with pytest.raises(
+        ConfigError, match=r'model\.bf16 = True was replaced by model\.dtype: write dtype = "bfloat16"'
+    ):
+        parse_config({"model": {"bf16": True}, "envs": {"weights": {"math/*": 1.0}}})

@@ -94,6 +94,15 @@ class ModelSection(_Section):
         "be on before the process's first matmul. Off: a little faster, logprob gaps of ~3e-5.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "bf16" in raw:
+            value = raw["bf16"]
+            hint = 'dtype = "bfloat16"' if value is True else 'dtype = "float32" (the default)'
+            raise ValueError(f"model.bf16 = {value!r} was replaced by model.dtype: write {hint}")
+        return raw
+
 
 class EnvsSection(_Section):
     weights: dict[str, float] = Field(
