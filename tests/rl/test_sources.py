@@ -182,3 +182,21 @@ def test_multi_turn_environments_on_servers_are_refused_before_any_model_loads(t
     )
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_trainer(parse_config(raw), registry=multi_turn_registry())
+
+
+def test_async_mode_generates_ahead_on_a_server_within_the_staleness_bound(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    state = FakeState()
+    with live_server(create_fake_vllm(state)) as url:
+        config = _remote_config(
+            tiny_model("qwen3"), tmp_path, "vllm", [url], steps=3, mode="async", max_staleness=1
+        )
+        trainer = build_trainer(config, registry=fake_registry())
+        try:
+            history = trainer.run()  # the rollout thread drives the server, the learner trains meanwhile
+        finally:
+            trainer.close()
+    assert [m["staleness_max"] for m in history] == [0, 1, 1]  # batch s generated with max(0, s - 1)
+    assert [Path(u["location"]).name for u in state.updates] == ["v1"] and state.version == 1
+    assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v1"]
