@@ -121,10 +121,11 @@ def test_a_step_is_spread_over_the_fleet_and_every_server_loads_each_version(
     assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v2"]
 
 
-def test_train_command_runs_two_steps_on_a_vllm_server(
+def test_train_command_runs_two_steps_on_a_vllm_server_and_resumes_on_it(
     tiny_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
     state = FakeState()
+    run_dir = tmp_path / "runs" / "cli"
     with live_server(create_fake_vllm(state)) as url:
         config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
         config.write_text(
@@ -133,19 +134,28 @@ def test_train_command_runs_two_steps_on_a_vllm_server(
             )
         )
         result = CliRunner().invoke(app, ["train", "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        assert "step 2/2" in result.output
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [(line["step"], line["policy_version"]) for line in lines] == [(1, 1), (2, 2)]
+        assert all(line["generated_tokens"] == 2 * 2 * 6 for line in lines)  # the server's tokens, as sent
+        assert state.version == 2 and [Path(u["location"]).name for u in state.updates] == ["v1", "v2"]
+        assert state.requests[0]["model"] == str(tiny_model("llama"))  # served_model unset: model.name
+        # The learner's parameter names, shapes and dtypes, as the server loaded them.
+        assert "model.embed_tokens.weight" in state.updates[0]["names"]
+        assert set(state.updates[0]["dtype_names"]) == {"float32"}
+        assert [p.name for p in (run_dir / "weights").iterdir()] == ["v2"]  # v1 removed once v2 loaded
+        assert 'backend = "vllm"' in (run_dir / "config.toml").read_text()
+        # Resumed, the run first loads its checkpoint's version into the servers, then goes on.
+        (run_dir / "config.toml").write_text(
+            (run_dir / "config.toml").read_text().replace("steps = 2", "steps = 3")
+        )
+        result = CliRunner().invoke(app, ["train", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
-    assert "step 2/2" in result.output
-    run_dir = tmp_path / "runs" / "cli"
+    assert [Path(u["location"]).name for u in state.updates] == ["v1", "v2", "v2", "v3"]
+    assert [p.name for p in (run_dir / "weights").iterdir()] == ["v3"]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [(line["step"], line["policy_version"]) for line in lines] == [(1, 1), (2, 2)]
-    assert all(line["generated_tokens"] == 2 * 2 * 6 for line in lines)  # the server's tokens, as sent
-    assert state.version == 2 and [Path(u["location"]).name for u in state.updates] == ["v1", "v2"]
-    assert state.requests[0]["model"] == str(tiny_model("llama"))  # served_model unset: model.name
-    # The learner's parameter names, shapes and dtypes, as the server loaded them.
-    assert "model.embed_tokens.weight" in state.updates[0]["names"]
-    assert set(state.updates[0]["dtype_names"]) == {"float32"}
-    assert [p.name for p in (run_dir / "weights").iterdir()] == ["v2"]  # v1 removed once v2 loaded
-    assert 'backend = "vllm"' in (run_dir / "config.toml").read_text()
+    assert [line["policy_version"] for line in lines] == [1, 2, 3]
 
 
 def test_training_on_an_sglang_server_advances_its_weight_version(
