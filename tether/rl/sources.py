@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tether.engine.llm_engine import LLMEngine
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,17 +178,12 @@ class RemoteRollouts:
     async def _generate(
         self, plans: Sequence[PromptPlan], prompts: Sequence[list[int]]
     ) -> list[list[ServerSample]]:
-        # A task group: one failed request cancels the rest instead of leaving them running on the loop.
-        async with asyncio.TaskGroup() as group:
-            requests = [
-                group.create_task(
-                    self.servers[index % len(self.servers)].generate(
-                        prompt, replace(self.params, seed=plan.sample_seed)
-                    )
-                )
-                for index, (plan, prompt) in enumerate(zip(plans, prompts, strict=True))
-            ]
-        return [request.result() for request in requests]
+        return await _all(
+            self.servers[index % len(self.servers)].generate(
+                prompt, replace(self.params, seed=plan.sample_seed)
+            )
+            for index, (plan, prompt) in enumerate(zip(plans, prompts, strict=True))
+        )
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         behind = [server for server in self.servers if server.policy_version < version]
@@ -195,9 +193,7 @@ class RemoteRollouts:
 
         async def update() -> None:
             location = await self.transport.send(tensors, version)
-            async with asyncio.TaskGroup() as group:
-                for server in behind:
-                    group.create_task(server.update_weights(tensors, location, version))
+            await _all(server.update_weights(tensors, location, version) for server in behind)
 
         self._loop.run_until_complete(update())
         self.transport.keep_only(version)  # only after every server holds it: a failed load may retry
@@ -209,6 +205,17 @@ class RemoteRollouts:
         if self.ctx.sandbox is not None:
             self._loop.run_until_complete(self.ctx.sandbox.aclose())
         self._loop.close()
+
+
+async def _all(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """The calls' results, run concurrently; the first failure cancels the rest (instead of leaving them
+    running on the loop) and is raised as it is, not wrapped in an exception group."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except ExceptionGroup as failures:
+        raise failures.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 _MULTI_TURN = (
