@@ -19,7 +19,7 @@ from tests.live_server import live_server
 from tether.cli.main import app
 from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
-from tether.rl.config import TrainConfig, parse_config
+from tether.rl.config import TrainConfig, dump_config, parse_config
 from tether.rl.rollout import PromptPlan
 from tether.rl.servers import ServerHTTPError
 from tether.rl.sources import server_rollouts
@@ -48,6 +48,7 @@ ENVS = {"envs": {"weights": {"math/arithmetic": 1.0}}}
         ({}, {"backend": "vllm", "base_urls": ["http://h:1"], "timeout_s": 0}, "rollout.timeout_s = 0"),
         ({}, {"base_urls": ["http://h:1"]}, "rollout.base_urls is read only with rollout.backend = 'vllm'"),
         ({}, {"backend": "ray", "weights_dir": "w"}, "rollout.weights_dir is read only with rollout.backend"),
+        ({}, {"backend": "vllm", "base_urls": ["http://h:1"], "api_key_env": "A-KEY"}, "rollout.api_key_env"),
         (
             {"backend": "ray"},
             {"backend": "local"},
@@ -146,6 +147,32 @@ def test_a_failing_server_fails_the_step_with_its_own_error_and_keeps_the_folder
     assert [Path(u["location"]).name for u in first.updates] == ["v1", "v2"]
     assert [Path(u["location"]).name for u in second.updates] == ["v1", "v2"]
     assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v2"]
+
+
+def test_the_api_key_comes_from_the_environment_variable_the_config_names(
+    tiny_model: Callable[[str], Path],
+    tmp_path: Path,
+    fleet: list[tuple[FakeState, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _remote_config(tiny_model("llama"), tmp_path, "vllm", [fleet[0][1]])
+    config = config.model_copy(
+        update={"rollout": config.rollout.model_copy(update={"api_key_env": "TEST_VLLM_KEY"})}
+    )
+    args = (config, fake_registry(), ScoringContext(), sampling_params(config.rollout))
+    monkeypatch.delenv("TEST_VLLM_KEY", raising=False)
+    with pytest.raises(
+        ConfigError, match=re.escape("rollout.api_key_env = 'TEST_VLLM_KEY': that environment variable")
+    ):
+        server_rollouts(*args)
+    monkeypatch.setenv("TEST_VLLM_KEY", "s3cret")
+    rollouts = server_rollouts(*args)
+    try:
+        rollouts.generate([PromptPlan("test/vowels", 0, 0, 1)])
+    finally:
+        rollouts.close()
+    assert fleet[0][0].authorizations == ["Bearer s3cret"]
+    assert "s3cret" not in dump_config(config)
 
 
 def test_train_command_runs_two_steps_on_a_vllm_server_and_resumes_on_it(

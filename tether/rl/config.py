@@ -129,7 +129,13 @@ class EnvsSection(_Section):
         return weights
 
 
-_REMOTE = ("base_urls", "served_model", "timeout_s", "weights_dir")  # the settings only servers read
+_REMOTE = (
+    "base_urls",
+    "served_model",
+    "timeout_s",
+    "weights_dir",
+    "api_key_env",
+)  # the settings only servers read
 
 
 class RolloutSection(_Section):
@@ -162,6 +168,12 @@ class RolloutSection(_Section):
         None,
         description="vllm/sglang: where each version's safetensors go for the servers to load (a path they "
         "see the same way); only the version they hold is kept. Unset: <run dir>/weights.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="vllm/sglang: the environment variable holding the servers' API key (sent as a "
+        "bearer token; the key itself never enters config.toml). Unset: no key.",
     )
 
     @field_validator("base_urls")

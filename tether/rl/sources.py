@@ -10,6 +10,7 @@ the same `score_groups`; multi-turn episodes need our engine (`episodes.py`), so
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -238,9 +239,17 @@ def server_rollouts(
         raise ConfigError(
             f"rollout.backend = {str(backend)!r} with multi-turn environments {multi}: {_MULTI_TURN}"
         )
+    api_key = None
+    if section.api_key_env is not None:
+        api_key = os.environ.get(section.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"rollout.api_key_env = {section.api_key_env!r}: that environment variable is not set; "
+                "export it with the servers' API key, or unset rollout.api_key_env"
+            )
     name = section.served_model or config.model.name
     servers = [
-        SERVERS[backend](ServerConfig(url, model=name, timeout_s=section.timeout_s))
+        SERVERS[backend](ServerConfig(url, model=name, timeout_s=section.timeout_s, api_key=api_key))
         for url in section.base_urls
     ]
     transport = SafetensorsDirTransport(section.weights_dir or config.run_dir / "weights")
