@@ -227,8 +227,8 @@ class RolloutServer(ABC):
             self._check_version(version)  # again: another update may have gone first
             try:
                 await self._load(tensors, location, version)
-            except ServerError as error:
-                self._state.broken = str(error)
+            except BaseException as error:  # cancelled too: the server may hold part of the new weights
+                self._state.broken = str(error) or type(error).__name__
                 raise
             self._state.version = version
             self._state.broken = None

@@ -194,7 +194,14 @@ class RemoteRollouts:
 
         async def update() -> None:
             location = await self.transport.send(tensors, version)
-            await _all(server.update_weights(tensors, location, version) for server in behind)
+            # Not cancelled when one fails: a server left halfway through a load holds unknown weights.
+            outcomes = await asyncio.gather(
+                *(server.update_weights(tensors, location, version) for server in behind),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
         self._loop.run_until_complete(update())
         self.transport.keep_only(version)  # only after every server holds it: a failed load may retry
@@ -210,7 +217,8 @@ class RemoteRollouts:
 
 async def _all(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     """The calls' results, run concurrently; the first failure cancels the rest (instead of leaving them
-    running on the loop) and is raised as it is, not wrapped in an exception group."""
+    running on the loop) and is raised as it is, not wrapped in an exception group. For requests only:
+    a cancelled weight update would leave its server's weights unknown."""
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(call) for call in calls]
