@@ -40,6 +40,8 @@ class FakeState:
     malformed: bool = False
     """Answer completions without the 'token_id:' spelling, as a server ignoring the flag would."""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
+    """The Authorization header of each completion request."""
     updates: list[dict[str, Any]] = field(default_factory=list)
     cache_resets: int = 0
 
@@ -64,6 +66,7 @@ def create_fake_vllm(state: FakeState) -> FastAPI:
             return failure
         body = await request.json()
         state.requests.append(body)
+        state.authorizations.append(request.headers.get("authorization"))
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
             return _error(400, f"prompt must be a list of token ids, got {prompt!r}")

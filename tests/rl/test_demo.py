@@ -118,6 +118,7 @@ def test_held_out_seeds_must_miss_every_training_seed(offset: int, ok: bool) -> 
         ({"demo": {"temperature": -1.0}}, "demo.temperature = -1.0"),
         ({"demo": {"temperature": 0.0, "samples_per_prompt": 2}}, "greedy samples are identical"),
         ({"run": {"backend": "ray"}}, "run.backend = 'ray': the demo evaluates"),
+        ({"rollout": {"backend": "ray"}}, "rollout.backend = 'ray': the demo evaluates"),
         ({"rollout": {"max_new_tokens": 0}}, "rollout.max_new_tokens = 0"),
     ],
 )

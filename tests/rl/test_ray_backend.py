@@ -21,11 +21,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.live_server import live_server
 from tether.cli.main import app
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ray_backend import (
     RayCluster,
+    RayRollouts,
     RayTrainer,
     build_ray_trainer,
     merge_shards,
@@ -37,6 +39,7 @@ from tether.rl.sources import Generated
 from tether.rl.trainer import build_trainer
 
 from .fake_envs import fake_registry
+from .fake_vllm import FakeState, create_fake_vllm
 from .test_cli_train import _write_config
 from .test_trainer import make_trainer, tiny_config
 
@@ -108,6 +111,8 @@ def test_placement_group_has_a_learner_bundle_then_one_per_worker() -> None:
     plan = plan_bundles("x", config.ray)
     assert plan.bundles == ({"CPU": 2.0},) + ({"CPU": 0.5, "GPU": 0.25},) * 3
     assert plan.strategy == "PACK"
+    assert plan_bundles("x", config.ray, learner=False).bundles == ({"CPU": 0.5, "GPU": 0.25},) * 3
+    assert plan_bundles("x", config.ray, workers=False).bundles == ({"CPU": 2.0},)
 
 
 @pytest.mark.parametrize(
@@ -118,25 +123,44 @@ def test_placement_group_has_a_learner_bundle_then_one_per_worker() -> None:
         ({}, {"rollout_workers": 0}, "ray.rollout_workers = 0"),
         ({}, {"learner_cpus": 0}, "ray.learner_cpus = 0"),
         ({}, {"workers": 2}, "unknown key 'ray.workers'"),
+        ({"device": "cuda:1"}, {"rollout": True}, "model.device = 'cuda:1' with rollout.backend = 'ray'"),
+        (
+            {"device": "cuda"},
+            {"rollout": True},
+            "rollout.backend = 'ray' needs ray.rollout_gpus > 0 (got 0.0)",
+        ),
     ],
 )
 def test_bad_ray_settings_are_named(model: dict[str, object], ray: dict[str, object], message: str) -> None:
+    # "rollout": only the engines are actors (rollout.backend = 'ray'), else the learner too (run.backend)
+    only_rollouts = bool(ray.get("rollout"))
+    ray = {key: value for key, value in ray.items() if key != "rollout"}
     raw = {
         "envs": {"weights": {"math/arithmetic": 1.0}},
         "model": model,
-        "run": {"backend": "ray"},
+        "run": {} if only_rollouts else {"backend": "ray"},
+        "rollout": {"backend": "ray"} if only_rollouts else {},
         "ray": ray,
     }
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw)
 
 
+@pytest.mark.parametrize(
+    ("sections", "setting"),
+    [({"run": {"backend": "ray"}}, "run.backend"), ({"rollout": {"backend": "ray"}}, "rollout.backend")],
+)
 def test_ray_backend_without_ray_installed_says_how_to_install_it(
-    tiny_model: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sections: dict[str, Mapping[str, object]],
+    setting: str,
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    config = _ray_config(tiny_model("qwen3"), tmp_path)
-    with pytest.raises(ConfigError, match=r"run.backend = 'ray' needs Ray.*pip install 'tether\[ray\]'"):
+    config = tiny_config(tiny_model("qwen3"), tmp_path, **sections)
+    message = rf"{setting} = 'ray' needs Ray.*pip install 'tether\[ray\]' \(or set {setting} = 'local'\)"
+    with pytest.raises(ConfigError, match=message):
         build_trainer(config, registry=fake_registry())
     assert not (tmp_path / "tiny").exists()
 
@@ -202,7 +226,8 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
     trainer = _ray_trainer(_ray_config(model, tmp_path / "ray", workers=2))
     try:
         history = trainer.run()
-        assert trainer.ray_rollouts.versions() == [3, 3]  # every worker holds the last pushed version
+        assert isinstance(trainer.rollouts, RayRollouts) and trainer.remote is not None
+        assert trainer.rollouts.versions() == [3, 3]  # every worker holds the last pushed version
     finally:
         trainer.close()
     assert [m["step"] for m in history] == [1, 2, 3]
@@ -223,6 +248,50 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
     saved = torch.load(run_dir / "checkpoints" / "step-000003" / "model.pt")
     for name, param in local.learner.model.named_parameters():
         assert torch.allclose(saved[name], param.detach(), atol=1e-5), name
+
+
+def test_rollout_backend_ray_runs_only_the_engines_as_actors(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local", run={"steps": 2}))
+    expected = local.run()
+    local.close()
+    # The new spelling: the learner stays in this process, two engine actors make the rollouts.
+    ray = {"rollout_workers": 2, "rollout_cpus": 1.0}
+    config = tiny_config(model, tmp_path / "ray", rollout={"backend": "ray"}, run={"steps": 2}, ray=ray)
+    assert config.run.backend == "local"
+    trainer = _ray_trainer(config)
+    try:
+        assert trainer.remote is None and isinstance(trainer.rollouts, RayRollouts)
+        history = trainer.run()
+        assert trainer.rollouts.versions() == [2, 2]  # both engines were sent versions 1 and 2
+    finally:
+        trainer.close()
+    assert [m["policy_version"] for m in history] == [1, 2]
+    assert [m["reward"] for m in history] == [m["reward"] for m in expected]  # same plan, seeds, weights
+    assert all(m["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in history)
+    lines = (tmp_path / "ray" / "tiny" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert all(group["state"] == "REMOVED" for group in ray_cluster.util.placement_group_table().values())
+
+
+def test_a_learner_actor_pushes_its_versions_to_a_vllm_server(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    state = FakeState()
+    with live_server(create_fake_vllm(state)) as url:
+        rollout = {"backend": "vllm", "base_urls": [url], "max_new_tokens": 6}
+        config = _ray_config(tiny_model("qwen3"), tmp_path, rollout=rollout, run={"steps": 2})
+        trainer = _ray_trainer(config)
+        try:
+            assert trainer.remote is not None  # the learner is an actor, the rollouts come from the server
+            history = trainer.run()
+        finally:
+            trainer.close()
+    assert [m["policy_version"] for m in history] == [1, 2]
+    assert state.version == 2 and [Path(u["location"]).name for u in state.updates] == ["v1", "v2"]
+    assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v2"]
 
 
 ASYNC: dict[str, Mapping[str, object]] = {

@@ -116,7 +116,11 @@ def train_command(
     ] = None,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="local, or ray (actors, see [ray]); default: run.backend."),
+        typer.Option(
+            "--backend",
+            help="Where the learner runs, and the rollout engines unless rollout.backend says otherwise: "
+            "local, or ray (actors, see [ray]); default: run.backend.",
+        ),
     ] = None,
 ) -> None:
     """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""

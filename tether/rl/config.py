@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -28,8 +29,24 @@ class Mode(StrEnum):
 
 
 class Backend(StrEnum):
-    LOCAL = "local"  # learner and rollout engine in this process
-    RAY = "ray"  # learner and rollout workers as Ray actors (`ray_backend.py`)
+    LOCAL = "local"  # the learner in this process
+    RAY = "ray"  # the learner as a Ray actor (`ray_backend.py`)
+
+
+class RolloutBackend(StrEnum):
+    LOCAL = "local"  # our engine in the learner's process
+    RAY = "ray"  # our engines as Ray actors, one per rollout worker (`ray_backend.py`)
+    VLLM = "vllm"  # a fleet of vLLM servers (`servers.py`)
+    SGLANG = "sglang"  # a fleet of SGLang servers
+
+    @property
+    def remote(self) -> bool:
+        """Whether rollouts come from servers over HTTP rather than from our engine."""
+        return self in (RolloutBackend.VLLM, RolloutBackend.SGLANG)
+
+
+# A rollout server's root: http(s)://host[:port], no path (the clients add /v1/... or /generate).
+URL_PATTERN = r"^https?://[^/\s?#]+/?$"
 
 
 class Schedule(StrEnum):
@@ -121,12 +138,82 @@ class EnvsSection(_Section):
         return weights
 
 
+_REMOTE = (
+    "base_urls",
+    "served_model",
+    "timeout_s",
+    "weights_dir",
+    "api_key_env",
+)  # the settings only servers read
+
+
 class RolloutSection(_Section):
     prompts_per_step: int = Field(8, ge=1, description="Prompts (groups) drawn from the mixture per step.")
     samples_per_prompt: int = Field(4, ge=1, le=256, description="n: completions per prompt (group size).")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion, tokens.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (> 0 for RL).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; logprobs stay untruncated.")
+    backend: RolloutBackend | None = Field(
+        None,
+        description="Where rollouts come from: local (our engine in the learner's process), ray (our "
+        "engines as Ray actors, see [ray]), vllm or sglang (the servers at base_urls); unset: "
+        "as run.backend.",
+    )
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description="vllm/sglang: the servers' roots, http(s)://host:port (no /v1); a step's prompts are "
+        "spread over them.",
+    )
+    served_model: str | None = Field(
+        None, description="vllm/sglang: the model name requests carry (unset: model.name)."
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="vllm/sglang: longest wait for one server answer, a whole completion included, s.",
+    )
+    weights_dir: Path | None = Field(
+        None,
+        description="vllm/sglang: where each version's safetensors go for the servers to load (a path they "
+        "see the same way); only the version they hold is kept. Unset: <run dir>/weights.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="vllm/sglang: the environment variable holding the servers' API key (sent as a "
+        "bearer token; the key itself never enters config.toml). Unset: no key.",
+    )
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        bad = [url for url in urls if not re.match(URL_PATTERN, url)]
+        if bad:
+            raise ValueError(f"rollout.base_urls {bad}: expected http(s)://host[:port] roots (no path)")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"rollout.base_urls {urls}: name each server once")
+        return urls
+
+    @model_validator(mode="after")
+    def _remote_settings(self) -> RolloutSection:
+        remote = self.backend is not None and self.backend.remote
+        if remote and not self.base_urls:
+            raise ValueError(
+                f"rollout.backend = {str(self.backend)!r} needs rollout.base_urls, the servers to generate "
+                'with, e.g. base_urls = ["http://localhost:8000"]'
+            )
+        # By value, not by presence: the run directory's config.toml spells out every default.
+        defaults = {
+            key: RolloutSection.model_fields[key].get_default(call_default_factory=True) for key in _REMOTE
+        }
+        given = [key for key in _REMOTE if getattr(self, key) != defaults[key]]
+        if given and not remote:
+            chosen = f"not {str(self.backend)!r}" if self.backend else "which is unset (as run.backend)"
+            raise ValueError(
+                f"rollout.{given[0]} is read only with rollout.backend = 'vllm' or 'sglang', {chosen}"
+            )
+        return self
 
 
 class AlgorithmSection(_Section):
@@ -174,7 +261,11 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, description="Seeds task choice, sampling and torch.")
     mode: Mode = Field(Mode.SYNC, description="sync (on-policy) or async (bounded staleness).")
     max_staleness: int = Field(1, ge=0, description="async: most policy versions a rollout may lag.")
-    backend: Backend = Field(Backend.LOCAL, description="local (this process) or ray (actors, see [ray]).")
+    backend: Backend = Field(
+        Backend.LOCAL,
+        description="Where the learner runs: local (this process) or ray (an actor, see [ray]); also where "
+        "rollouts come from unless rollout.backend says otherwise.",
+    )
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N steps (and at the end/SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (oldest removed).")
     transcripts_per_step: int = Field(2, ge=0, description="Sampled transcripts written per step.")
@@ -208,19 +299,34 @@ class TrainConfig(_Section):
     run: RunSection = Field(default_factory=lambda: RunSection())
     ray: RaySection = Field(default_factory=lambda: RaySection())
 
+    @property
+    def rollout_backend(self) -> RolloutBackend:
+        """Where rollouts come from: rollout.backend, or by default the learner's run.backend."""
+        return self.rollout.backend or RolloutBackend(self.run.backend.value)
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.run.backend is Backend.RAY and self.model.device.startswith("cuda"):
+        if self.run.backend is Backend.RAY and self.rollout.backend is RolloutBackend.LOCAL:
+            raise ValueError(
+                "rollout.backend = 'local' runs the engine in the learner's process, which run.backend = "
+                "'ray' puts in an actor: use rollout.backend = 'ray' (engines as actors) or run.backend = "
+                "'local'"
+            )
+        actors = {"ray.learner_gpus": self.run.backend is Backend.RAY}
+        actors["ray.rollout_gpus"] = self.rollout_backend is RolloutBackend.RAY
+        if any(actors.values()) and self.model.device.startswith("cuda"):
+            where = "run.backend = 'ray'" if self.run.backend is Backend.RAY else "rollout.backend = 'ray'"
             # Ray gives each actor its own CUDA_VISIBLE_DEVICES: "cuda" is whatever GPU it was granted.
             if self.model.device != "cuda":
                 raise ValueError(
-                    f"model.device = {self.model.device!r} with run.backend = 'ray': use 'cuda' or 'auto' "
+                    f"model.device = {self.model.device!r} with {where}: use 'cuda' or 'auto' "
                     "(Ray assigns each actor its GPU) or 'cpu'"
                 )
-            if self.ray.learner_gpus == 0 or self.ray.rollout_gpus == 0:
+            gpus = {key: getattr(self.ray, key.removeprefix("ray.")) for key, on in actors.items() if on}
+            if 0 in gpus.values():
                 raise ValueError(
-                    "model.device = 'cuda' with run.backend = 'ray' needs ray.learner_gpus > 0 and "
-                    f"ray.rollout_gpus > 0 (got {self.ray.learner_gpus} and {self.ray.rollout_gpus})"
+                    f"model.device = 'cuda' with {where} needs {' and '.join(f'{k} > 0' for k in gpus)} "
+                    f"(got {' and '.join(str(v) for v in gpus.values())})"
                 )
         if self.algorithm.advantage is AdvantageKind.RLOO and self.rollout.samples_per_prompt < 2:
             raise ValueError("algorithm.advantage = 'rloo' needs rollout.samples_per_prompt >= 2")

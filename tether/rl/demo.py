@@ -26,7 +26,7 @@ from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider
 from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
-from tether.rl.config import Backend, TrainConfig, parse_config
+from tether.rl.config import Backend, RolloutBackend, TrainConfig, parse_config
 from tether.rl.report import ALL, write_report  # ALL: the comparison row over every domain
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
 from tether.rl.sources import EngineRollouts
@@ -81,6 +81,11 @@ class DemoConfig:
             raise ConfigError(
                 f"run.backend = {self.train.run.backend.value!r}: the demo evaluates with the in-process "
                 "rollout engine; use 'local'"
+            )
+        if self.train.rollout_backend is not RolloutBackend.LOCAL:
+            raise ConfigError(
+                f"rollout.backend = {self.train.rollout_backend.value!r}: the demo evaluates with the "
+                "in-process rollout engine; use 'local'"
             )
         train_seeds = training_seed_range(self.train)
         held_out = range(self.demo.seed_offset, self.demo.seed_offset + self.demo.prompts_per_domain)

@@ -1,7 +1,9 @@
-"""The Ray backend: the learner and the rollout workers run as Ray actors; the loop stays on the driver.
+"""The Ray backend: the learner (`run.backend = "ray"`) and/or the rollout workers (`rollout.backend =
+"ray"`) run as Ray actors; the loop stays on the driver.
 
 The driver runs the same `Trainer` loop as local mode (planning, advantages, metrics, async pipelining,
 the run directory, checkpoints and resume); only where rollouts are made and where updates run differ.
+A learner in the driver's process pushes to worker actors; a learner actor may push to a server fleet.
 Each rollout worker owns an `LLMEngine` with its own copy of the policy and scores with the environments
 (and its own sandbox pool); the learner actor owns the model and optimizer. All actors share one
 placement group sized from `[ray]`. After each update the learner's weights go into Ray's object store
@@ -28,10 +30,10 @@ from tether.errors import ConfigError
 from tether.models import load
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
-from tether.rl.config import RaySection, TrainConfig
+from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig
 from tether.rl.learner import Learner, LearnStats, Sample
 from tether.rl.rollout import PromptPlan
-from tether.rl.sources import EngineRollouts, Generated
+from tether.rl.sources import EngineRollouts, Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import (
     Trainer,
     learner_options,
@@ -49,30 +51,35 @@ if TYPE_CHECKING:
 Weights = dict[str, torch.Tensor]
 
 
-def require_ray() -> ModuleType:
+def require_ray(setting: str = "run.backend") -> ModuleType:
     """The `ray` module (with `ray.util`'s placement groups loaded), or a `ConfigError` saying how to
-    install it."""
+    install it (or which `setting` to change instead)."""
     try:
         importlib.import_module("ray.util.scheduling_strategies")
         return importlib.import_module("ray")
     except ImportError:
         raise ConfigError(
-            "run.backend = 'ray' needs Ray, which is not installed: pip install 'tether[ray]' "
-            "(or set run.backend = 'local')"
+            f"{setting} = 'ray' needs Ray, which is not installed: pip install 'tether[ray]' "
+            f"(or set {setting} = 'local')"
         ) from None
 
 
 # --- pure planning -----------------------------------------------------------------------------------
 
 
-def plan_bundles(name: str, ray: RaySection) -> PlacementGroupPlan:
-    """Bundle 0 for the learner, then one per rollout worker; PACK keeps them on as few nodes as fit."""
+def plan_bundles(
+    name: str, ray: RaySection, learner: bool = True, workers: bool = True
+) -> PlacementGroupPlan:
+    """Bundle 0 for the learner (if it is an actor), then one per rollout worker (if they are actors);
+    PACK keeps them on as few nodes as fit."""
 
     def bundle(cpus: float, gpus: float) -> dict[str, float]:
         return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
 
-    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)]
-    bundles += [bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers)]
+    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)] if learner else []
+    bundles += [
+        bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers if workers else 0)
+    ]
     return PlacementGroupPlan(name=f"tether-{name}", bundles=tuple(bundles), strategy="PACK")
 
 
@@ -280,7 +287,9 @@ class RayCluster:
         self.ray = ray
         self.started = not ray.is_initialized()
         section = config.ray
-        plan = plan_bundles(config.run.name, section)
+        self.learner = config.run.backend is Backend.RAY  # whether the learner is an actor
+        self.workers = config.rollout_backend is RolloutBackend.RAY  # whether the rollout engines are
+        plan = plan_bundles(config.run.name, section, self.learner, self.workers)
         if self.started:
             self._init(section, math.ceil(sum(b["CPU"] for b in plan.bundles)))
         self.actors: list[Any] = []
@@ -329,24 +338,24 @@ class RayCluster:
 
 
 class RayTrainer(Trainer):
-    """The local loop with Ray rollouts and a remote learner; checkpoints pull the learner's state."""
+    """The local loop with Ray rollouts and/or a remote learner (whose state checkpoints pull); it owns
+    the cluster."""
 
     def __init__(
         self,
         config: TrainConfig,
-        learner: RemoteLearner,
-        rollouts: RayRollouts,
+        learner: Learner,
+        rollouts: RolloutSource,
         registry: EnvRegistry,
         cluster: RayCluster,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(config, None, None, learner, registry, ScoringContext(), clock, rollouts=rollouts)
-        self.remote = learner
-        self.ray_rollouts = rollouts
+        self.remote = learner if isinstance(learner, RemoteLearner) else None
         self.cluster = cluster
 
     def start_run_dir(self, resume: bool) -> None:
-        if resume:
+        if resume and self.remote is not None:
             # The actor must hold the checkpoint's state before the local resume pushes its weights to
             # the workers; the local resume then loads the same checkpoint into the driver's copy again.
             learner = self.learner
@@ -357,7 +366,8 @@ class RayTrainer(Trainer):
         super().start_run_dir(resume)
 
     def checkpoint(self) -> Path:
-        self.remote.pull()
+        if self.remote is not None:
+            self.remote.pull()
         return super().checkpoint()
 
     def close(self) -> None:
@@ -373,39 +383,61 @@ def build_ray_trainer(
     sandbox: SandboxProvider | None = None,
     resume: bool = False,
 ) -> RayTrainer:
-    """Start (or join) Ray, place the learner and rollout workers, and open the run directory.
+    """Start (or join) Ray, place the learner and/or the rollout workers, and open the run directory.
 
     Each worker gets its own copy of the (unstarted) `sandbox` provider and so its own sandbox pool."""
-    ray = require_ray()
+    learner_actor = config.run.backend is Backend.RAY
+    ray = require_ray("run.backend" if learner_actor else "rollout.backend")
     torch.manual_seed(config.run.seed)
-    cluster = RayCluster(ray, config)
+    servers = None
+    if config.rollout_backend.remote:  # before the cluster: a mixture servers cannot roll out fails here
+        servers = server_rollouts(config, registry, ScoringContext(sandbox), sampling_params(config.rollout))
+    try:
+        cluster = RayCluster(ray, config)
+    except BaseException:
+        if servers is not None:
+            servers.close()
+        raise
     try:
         section = config.ray
-        actor = cluster.actor(
-            LearnerActor, 0, section.learner_cpus, section.learner_gpus, config, section.learner_cpus
-        )
-        workers = [
-            cluster.actor(
-                RolloutWorker,
-                1 + index,
-                section.rollout_cpus,
-                section.rollout_gpus,
-                config,
-                registry,
-                sandbox,
-                section.rollout_cpus,
+        learner: Learner
+        if learner_actor:
+            actor = cluster.actor(
+                LearnerActor, 0, section.learner_cpus, section.learner_gpus, config, section.learner_cpus
             )
-            for index in range(section.rollout_workers)
-        ]
-        model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
-        learner = RemoteLearner(ray, actor, config, model)
-        rollouts = RayRollouts(ray, workers)
-        # Wait for every actor's model, so that a failing one stops the run here and step 1's timings
-        # measure the step, not the actors' start.
-        ray.get(actor.device.remote())
-        rollouts.versions()
+            model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
+            learner = RemoteLearner(ray, actor, config, model)
+        else:
+            learner = make_learner(config, config.model.device)
+        rollouts: RolloutSource
+        if servers is None:
+            workers = [
+                cluster.actor(
+                    RolloutWorker,
+                    int(learner_actor) + index,  # after the learner's bundle, if it has one
+                    section.rollout_cpus,
+                    section.rollout_gpus,
+                    config,
+                    registry,
+                    sandbox,
+                    section.rollout_cpus,
+                )
+                for index in range(section.rollout_workers)
+            ]
+            rollouts = RayRollouts(ray, workers)
+            # Wait for every actor's model, so that a failing one stops the run here and step 1's
+            # timings measure the step, not the actors' start.
+            rollouts.versions()
+        else:
+            rollouts = servers
+        if learner_actor:
+            ray.get(actor.device.remote())
         trainer = RayTrainer(config, learner, rollouts, registry, cluster)
     except BaseException:
-        cluster.close()
+        try:
+            if servers is not None:
+                servers.close()
+        finally:
+            cluster.close()
         raise
     return open_run(trainer, resume)

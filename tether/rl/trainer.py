@@ -1,6 +1,6 @@
 """The RL loop: plan prompts -> generate and score rollouts -> learn -> push weights -> record.
 
-`Trainer` wires a `RolloutSource` (`sources.py`: an engine in this process, or Ray workers), a
+`Trainer` wires a `RolloutSource` (`sources.py`: an engine in this process, servers or Ray workers), a
 `Learner` (updates), environments (scoring) and a run directory (`config.toml`, `metrics.jsonl`,
 `transcripts.jsonl`, `checkpoints/`). A policy version is the number of
 completed steps. Sync mode generates each batch with the current weights (staleness 0); async mode
@@ -37,13 +37,21 @@ from tether.rl.checkpoint import (
     save_checkpoint,
     truncate_metrics,
 )
-from tether.rl.config import AlgorithmSection, Backend, Mode, RolloutSection, TrainConfig, dump_config
+from tether.rl.config import (
+    AlgorithmSection,
+    Backend,
+    Mode,
+    RolloutBackend,
+    RolloutSection,
+    TrainConfig,
+    dump_config,
+)
 from tether.rl.learner import Learner, Sample
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
 from tether.rl.report import write_report
 from tether.rl.rollout import Rollout, plan_prompts
-from tether.rl.sources import EngineRollouts, RolloutSource
+from tether.rl.sources import EngineRollouts, RolloutSource, server_rollouts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -402,16 +410,26 @@ def build_trainer(
 ) -> Trainer:
     """Load the learner's model, a frozen reference (when KL is on) and the rollout engine; open the run.
 
-    With `run.backend = "ray"` the learner and the rollout engines are Ray actors (`ray_backend.py`)."""
+    Rollouts come from where `config.rollout_backend` says (`sources.py`); with `run.backend = "ray"` or
+    `rollout.backend = "ray"` the learner or the rollout engines are Ray actors (`ray_backend.py`)."""
     registry = registry or default_registry()
     mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
     if config.model.strict_matmul:
         strict_matmul()
-    if config.run.backend is Backend.RAY:
+    if config.run.backend is Backend.RAY or config.rollout_backend is RolloutBackend.RAY:
         from tether.rl.ray_backend import build_ray_trainer  # imports Ray: only for the runs that use it
 
         return build_ray_trainer(config, registry, sandbox, resume)
     torch.manual_seed(config.run.seed)
+    ctx = ScoringContext(sandbox)
+    if config.rollout_backend.remote:  # checks the mixture before any model loads
+        rollouts = server_rollouts(config, registry, ctx, sampling_params(config.rollout))
+        try:
+            learner = make_learner(config, config.model.device)
+        except BaseException:
+            rollouts.close()
+            raise
+        return open_run(Trainer(config, None, None, learner, registry, ctx, rollouts=rollouts), resume)
     engine, tokenizer = make_engine(config, config.model.device)
     learner = make_learner(config, config.model.device)
-    return open_run(Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox)), resume)
+    return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx), resume)

@@ -1,11 +1,11 @@
-"""The rollout interface and its back ends: our engine in process, or a vLLM / SGLang server over HTTP.
+"""Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source (`sources.py`) spreads
+a step's prompts over, and the safetensors folder their weights travel through.
 
-`RolloutBackend` is the whole contract: generate n samples from token ids (token ids, behaviour logprobs
-and the policy version of every token come back; nothing is re-tokenized) and load weights as a version.
-A server reports at most one weight version per response, so the remote back ends make versions exact on
-the client: an update waits for the requests in flight and later requests wait for the update (the
-engine's `wait` policy). They move weights through a `WeightTransport` (a directory of safetensors
-files, here) and only drive the server's update endpoints; NCCL/IPC transports are not implemented.
+A client generates n samples from token ids (token ids, behaviour logprobs and the policy version of every
+token come back; nothing is re-tokenized) and loads weights a transport has put somewhere the server sees.
+A server reports at most one weight version per response, so a client makes versions exact on its side:
+an update waits for the requests in flight and later requests wait for the update (the engine's `wait`
+policy). Only the safetensors folder transport exists; NCCL/IPC transports are not implemented here.
 """
 
 from __future__ import annotations
@@ -13,28 +13,29 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import httpx
 import torch
 
-from tether.engine.async_engine import AsyncEngine
-from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
-from tether.engine.weight_update import NamedTensors
 from tether.errors import ConfigError, TetherError
+from tether.rl.config import URL_PATTERN, RolloutBackend
+
+Tensors = list[tuple[str, torch.Tensor]]
 
 
-class BackendError(TetherError):
-    """The rollout back end failed, refused a request or answered something unusable."""
+class ServerError(TetherError):
+    """A rollout server failed, refused a request or answered something unusable."""
 
 
-class BackendHTTPError(BackendError):
+class ServerHTTPError(ServerError):
     """The server answered with an error status; `status` and the server's own message are kept."""
 
     def __init__(self, endpoint: str, status: int, message: str) -> None:
@@ -44,25 +45,23 @@ class BackendHTTPError(BackendError):
         self.status = status
 
 
-class BackendTimeoutError(BackendError):
+class ServerTimeoutError(ServerError):
     """No complete answer within `timeout_s`."""
 
 
-class BackendResponseError(BackendError):
-    """The server answered 2xx with a body that lacks what the back end relies on."""
+class ServerResponseError(ServerError):
+    """The server answered 2xx with a body that lacks what the client relies on."""
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class ServerSample:
     """One completion: generated token ids with their behaviour logprobs and policy versions."""
 
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
-    """"stop", "length" or "abort", as the back end reports it."""
-    retries: int = 0
-    """Restarts from the prompt because of a weight update (in-process `abort_and_retry` only)."""
+    """"stop", "length" or "abort", as the server reports it."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.logprobs) == len(self.versions)
@@ -72,94 +71,43 @@ class Sample:
         return tuple(sorted(set(self.versions)))
 
 
-@runtime_checkable
-class RolloutBackend(Protocol):
-    @property
-    def policy_version(self) -> int:
-        """The version new requests are generated with (once pending updates are applied)."""
-        ...
-
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
-        """`params.n` samples of one prompt, in sample order; concurrent calls are batched by the back end."""
-        ...
-
-    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """Load new weights as `version` (above every earlier one); returns once they serve requests."""
-        ...
-
-
-class LocalBackend:
-    """Our `LLMEngine` in this process, through an `AsyncEngine` thread; the engine's `UpdatePolicy`
-    decides what an update does to requests in flight."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-
-    @classmethod
-    def start(cls, engine: LLMEngine) -> LocalBackend:
-        async_engine = AsyncEngine(engine)
-        async_engine.start()
-        return cls(async_engine)
-
-    def close(self) -> None:
-        self.engine.shutdown()
-
-    @property
-    def policy_version(self) -> int:
-        return self.engine.engine.latest_version
-
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
-        n = params.n
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        versions: list[list[int]] = [[] for _ in range(n)]
-        reasons = [""] * n
-        retries = 0
-        async for delta in self.engine.generate(list(prompt_token_ids), params):
-            if delta.retries != retries:  # restarted from the prompt: what came before is void
-                retries = delta.retries
-                tokens, logprobs, versions = (
-                    [[] for _ in range(n)],
-                    [[] for _ in range(n)],
-                    [[] for _ in range(n)],
-                )
-            for change in delta.completions:
-                tokens[change.index] += change.token_ids
-                logprobs[change.index] += change.logprobs
-                versions[change.index] += change.versions
-                if change.finish_reason is not None:
-                    reasons[change.index] = change.finish_reason.value
-        return [Sample(tokens[i], logprobs[i], versions[i], reasons[i], retries) for i in range(n)]
-
-    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        await self.engine.update_weights(named_tensors, version)
-
-
-class WeightTransport(Protocol):
-    async def send(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> str:
-        """Put the tensors where the server can load them; returns that location (a path the server sees)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class SafetensorsDirTransport:
-    """Writes each version to `root/v{version}/model.safetensors`; the server must see `root` at the same
-    path (a shared or local disk). Tensor names must be the server's (Hugging Face) parameter names."""
+    """Writes each version to `root/v{version}/model.safetensors` (in `dtype`, unset: as given); the servers
+    must see `root` at the same path (a shared or local disk). Tensor names must be the servers' (Hugging
+    Face) parameter names. `keep_only` deletes the versions no server can still be asked to load."""
 
     root: Path
+    dtype: torch.dtype | None = None
 
-    async def send(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> str:
+    def folder(self, version: int) -> Path:
+        return self.root.absolute() / f"v{version}"
+
+    async def send(self, tensors: Tensors, version: int) -> str:
+        """Write `version`'s tensors; returns the folder (absolute: the servers resolve it, not us)."""
         from safetensors.torch import save_file
 
-        folder = self.root / f"v{version}"
-        contiguous = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors}
+        folder = self.folder(version)
+        contiguous = {
+            name: tensor.detach().to(device="cpu", dtype=self.dtype or tensor.dtype).contiguous()
+            for name, tensor in tensors
+        }
         await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
         return str(folder)
 
+    def keep_only(self, version: int) -> None:
+        """Delete every version folder but `version`'s: once every server loaded it, no older one is read
+        again (a resumed run pushes its version anew). Other files under `root` are left alone."""
+        if not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            if entry.is_dir() and re.fullmatch(r"v\d+", entry.name) and entry.name != f"v{version}":
+                shutil.rmtree(entry)
+
 
 @dataclass(frozen=True, slots=True)
-class RemoteConfig:
+class ServerConfig:
     base_url: str
     """The server's root, e.g. http://localhost:8000 (no /v1)."""
     model: str = ""
@@ -171,13 +119,11 @@ class RemoteConfig:
     """The version of the weights the server was started with."""
 
     def __post_init__(self) -> None:
-        if not re.match(r"^https?://[^/\s]+", self.base_url):
-            raise ConfigError(
-                f"rollout backend: base_url = {self.base_url!r}: expected http(s)://host[:port]"
-            )
+        if not re.match(URL_PATTERN, self.base_url):
+            raise ConfigError(f"rollout server: base_url = {self.base_url!r}: expected http(s)://host[:port]")
         number = isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
         if not (number and math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError(f"rollout backend: timeout_s = {self.timeout_s!r}: expected a number > 0")
+            raise ConfigError(f"rollout server: timeout_s = {self.timeout_s!r}: expected a number > 0")
 
 
 class _Gate:
@@ -216,29 +162,28 @@ class _Gate:
 
 
 @dataclass(slots=True)
-class _RemoteState:
+class _ServerState:
     version: int
     broken: str | None = None  # why the last update failed: the server's weights are unknown until one works
+    loaded: bool = False  # whether this client loaded the weights the server serves (else its own)
     gate: _Gate = field(default_factory=_Gate)
 
 
-class _RemoteBackend(ABC):
-    """HTTP plumbing shared by the vLLM and SGLang back ends: one client, errors mapped to `BackendError`,
-    versions numbered on the client. Subclasses speak one server's dialect."""
+class RolloutServer(ABC):
+    """One server of a fleet: one HTTP client, errors mapped to `ServerError`, versions numbered on the
+    client and kept exact by its own gate. Subclasses speak one server's dialect."""
 
-    def __init__(
-        self, config: RemoteConfig, transport: WeightTransport, client: httpx.AsyncClient | None = None
-    ) -> None:
+    def __init__(self, config: ServerConfig, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
-        self.transport = transport
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._client = client or httpx.AsyncClient(
             base_url=config.base_url, timeout=config.timeout_s, headers=headers
         )
-        self._state = _RemoteState(config.initial_version)
+        self._state = _ServerState(config.initial_version)
 
     @property
     def policy_version(self) -> int:
+        """The version new requests are generated with (once a pending update is applied)."""
         return self._state.version
 
     async def aclose(self) -> None:
@@ -248,63 +193,63 @@ class _RemoteBackend(ABC):
         try:
             response = await self._client.post(endpoint, json=body, params=params)
         except httpx.TimeoutException as error:
-            raise BackendTimeoutError(
+            raise ServerTimeoutError(
                 f"{endpoint}: no answer from {self.config.base_url} within {self.config.timeout_s} s"
             ) from error
         except httpx.HTTPError as error:
-            raise BackendError(f"{endpoint}: cannot reach {self.config.base_url}: {error!r}") from error
+            raise ServerError(f"{endpoint}: cannot reach {self.config.base_url}: {error!r}") from error
         if response.status_code >= 400:
-            raise BackendHTTPError(endpoint, response.status_code, _error_message(response))
+            raise ServerHTTPError(endpoint, response.status_code, _error_message(response))
         if not response.content:
             return None
         try:
             return response.json()
         except ValueError as error:
-            raise BackendResponseError(
+            raise ServerResponseError(
                 f"{endpoint}: expected a JSON body, got {response.text[:200]!r}"
             ) from error
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[Sample]:
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[ServerSample]:
+        """`params.n` samples of one prompt, in sample order; concurrent calls are batched by the server."""
         prompt = _check_prompt(prompt_token_ids)
         async with self._state.gate.request():
             if self._state.broken is not None:
-                raise BackendError(
-                    f"the last weight update failed ({self._state.broken}); update again first"
-                )
+                raise ServerError(f"the last weight update failed ({self._state.broken}); update again first")
             return await self._generate(prompt, params, self._state.version)
 
-    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        tensors = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+    async def update_weights(self, tensors: Tensors, location: str, version: int) -> None:
+        """Load the weights a transport put at `location` as `version` (above every earlier one); returns
+        once they serve requests. `tensors` name them (with dtypes and shapes) for the servers that ask."""
         if not tensors:
-            raise BackendError("a weight update needs at least one named tensor; got none")
+            raise ServerError("a weight update needs at least one named tensor; got none")
         self._check_version(version)
         async with self._state.gate.update():
             self._check_version(version)  # again: another update may have gone first
-            location = await self.transport.send(tensors, version)
             try:
                 await self._load(tensors, location, version)
-            except BackendError as error:
-                self._state.broken = str(error)
+            except BaseException as error:  # cancelled too: the server may hold part of the new weights
+                self._state.broken = str(error) or type(error).__name__
                 raise
             self._state.version = version
             self._state.broken = None
+            self._state.loaded = True
 
     def _check_version(self, version: int) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version <= self._state.version:
-            raise BackendError(
+            raise ServerError(
                 f"weight update version {version!r}: expected an integer greater than {self._state.version}"
             )
 
     @abstractmethod
-    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
         """Samples of one prompt, every token tagged `version` (no update can run meanwhile)."""
 
     @abstractmethod
-    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
         """Have the server load the weights the transport put at `location`."""
 
 
-class VLLMBackend(_RemoteBackend):
+class VLLMServer(RolloutServer):
     """A vLLM OpenAI-compatible server (`vllm serve`, with `VLLM_SERVER_DEV_MODE=1` for the update endpoints).
 
     Generation: `POST /v1/completions` with `prompt` as a list of token ids, `logprobs: 0` (the sampled
@@ -318,7 +263,7 @@ class VLLMBackend(_RemoteBackend):
     numbers them.
     """
 
-    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
         body: dict[str, Any] = {
             "model": self.config.model,
             "prompt": prompt,
@@ -340,8 +285,8 @@ class VLLMBackend(_RemoteBackend):
         answer = await self._post("/v1/completions", body)
         choices = _field(answer, "choices", list, "/v1/completions")
         if len(choices) != params.n:
-            raise BackendResponseError(f"/v1/completions: expected {params.n} choices, got {len(choices)}")
-        samples: list[Sample | None] = [None] * params.n
+            raise ServerResponseError(f"/v1/completions: expected {params.n} choices, got {len(choices)}")
+        samples: list[ServerSample | None] = [None] * params.n
         for choice in choices:
             index = _field(choice, "index", int, "/v1/completions choice")
             logprobs = _field(choice, "logprobs", dict, "/v1/completions choice")
@@ -349,18 +294,18 @@ class VLLMBackend(_RemoteBackend):
             values = _field(logprobs, "token_logprobs", list, "/v1/completions logprobs")
             ids = [_token_id(text) for text in strings]
             if "token_ids" in choice and choice["token_ids"] is not None and choice["token_ids"] != ids:
-                raise BackendResponseError("/v1/completions: token_ids disagree with logprobs.tokens")
+                raise ServerResponseError("/v1/completions: token_ids disagree with logprobs.tokens")
             if len(values) != len(ids) or not all(isinstance(v, int | float) for v in values):
-                raise BackendResponseError("/v1/completions: expected one numeric logprob per token")
+                raise ServerResponseError("/v1/completions: expected one numeric logprob per token")
             if not 0 <= index < params.n:
-                raise BackendResponseError(f"/v1/completions: choice index {index} of {params.n} samples")
+                raise ServerResponseError(f"/v1/completions: choice index {index} of {params.n} samples")
             reason = str(choice.get("finish_reason") or "abort")
-            samples[index] = Sample(ids, [float(v) for v in values], [version] * len(ids), reason)
+            samples[index] = ServerSample(ids, [float(v) for v in values], [version] * len(ids), reason)
         if any(sample is None for sample in samples):
-            raise BackendResponseError("/v1/completions: choice indices repeat")
+            raise ServerResponseError("/v1/completions: choice indices repeat")
         return [sample for sample in samples if sample is not None]
 
-    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
         update_info = {
             "names": [name for name, _ in tensors],
             "dtype_names": [str(tensor.dtype).removeprefix("torch.") for _, tensor in tensors],
@@ -378,24 +323,27 @@ class VLLMBackend(_RemoteBackend):
             await self._post("/resume")
 
 
-class SGLangBackend(_RemoteBackend):
+class SGLangServer(RolloutServer):
     """An SGLang server, through its native API.
 
-    Generation: `POST /generate` with `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`,
-    `top_p`, `top_k`, `min_p`, `stop`, `stop_token_ids`, `ignore_eos`, `sampling_seed`) and
-    `return_logprob: true`; one request per sample (seed + i, as our engine seeds sample i). Read back:
-    `output_ids`, `meta_info.output_token_logprobs` ([logprob, token_id, text] per token),
-    `meta_info.finish_reason.type` and `meta_info.weight_version`, which must be ours. Weights:
-    `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, answered
-    `{"success": bool, "message": str}`.
+        Generation: `POST /generate` with `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`,
+        `top_p`, `top_k`, `min_p`, `stop`, `stop_token_ids`, `ignore_eos`, `sampling_seed`) and
+        `return_logprob: true`; one request per sample (seed + i, as our engine seeds sample i). Read back:
+        `output_ids`, `meta_info.output_token_logprobs` ([logprob, token_id, text] per token),
+        `meta_info.finish_reason.type` and `meta_info.weight_version`, which must be ours once we loaded
+    weights. Weights:
+        `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, answered
+        `{"success": bool, "message": str}`.
     """
 
-    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[Sample]:
+    async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
         one = replace(params, n=1)
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
         return list(await asyncio.gather(*(self._one(prompt, one, seed, version) for seed in seeds)))
 
-    async def _one(self, prompt: list[int], params: SamplingParams, seed: int | None, version: int) -> Sample:
+    async def _one(
+        self, prompt: list[int], params: SamplingParams, seed: int | None, version: int
+    ) -> ServerSample:
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -414,8 +362,9 @@ class SGLangBackend(_RemoteBackend):
         meta = _field(answer, "meta_info", dict, "/generate")
         entries = _field(meta, "output_token_logprobs", list, "/generate meta_info")
         served = meta.get("weight_version")
-        if served is not None and str(served) != str(version):
-            raise BackendError(
+        # Until we load weights, the server serves its own under its own name ("default").
+        if self._state.loaded and served is not None and str(served) != str(version):
+            raise ServerError(
                 f"/generate: the server generated with weight version {served!r}, expected {version}: "
                 "another client updated its weights"
             )
@@ -423,24 +372,24 @@ class SGLangBackend(_RemoteBackend):
             not isinstance(e, list | tuple) or len(e) < 2 or e[1] != t
             for e, t in zip(entries, output_ids, strict=True)
         ):
-            raise BackendResponseError("/generate: output_token_logprobs disagree with output_ids")
+            raise ServerResponseError("/generate: output_token_logprobs disagree with output_ids")
         finish = meta.get("finish_reason")
         reason = str(finish.get("type", "abort")) if isinstance(finish, dict) else "abort"
         ids = [int(t) for t in output_ids]
-        return Sample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason)
+        return ServerSample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason)
 
-    async def _load(self, tensors: list[tuple[str, torch.Tensor]], location: str, version: int) -> None:
+    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
         body = {"model_path": location, "weight_version": str(version), "flush_cache": True}
         answer = await self._post("/update_weights_from_disk", body)
         if not isinstance(answer, dict) or answer.get("success") is not True:
             message = answer.get("message") if isinstance(answer, dict) else answer
-            raise BackendError(f"/update_weights_from_disk: the server refused version {version}: {message}")
+            raise ServerError(f"/update_weights_from_disk: the server refused version {version}: {message}")
 
 
 def _check_prompt(prompt_token_ids: Iterable[int]) -> list[int]:
     prompt = list(prompt_token_ids)
     if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        raise BackendError(f"prompt token ids {prompt[:8]!r}: expected a non-empty list of integers >= 0")
+        raise ServerError(f"prompt token ids {prompt[:8]!r}: expected a non-empty list of integers >= 0")
     return prompt
 
 
@@ -448,7 +397,7 @@ def _token_id(text: object) -> int:
     """vLLM's `return_tokens_as_token_ids` spelling of a token: "token_id:<id>"."""
     if isinstance(text, str) and text.startswith("token_id:") and text[9:].isdigit():
         return int(text[9:])
-    raise BackendResponseError(
+    raise ServerResponseError(
         f"/v1/completions: token {text!r}: expected 'token_id:<id>' "
         "(does the server support return_tokens_as_token_ids?)"
     )
@@ -457,7 +406,7 @@ def _token_id(text: object) -> int:
 def _field(container: object, key: str, kind: type, where: str) -> Any:
     value = container.get(key) if isinstance(container, dict) else None
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise BackendResponseError(f"{where}: expected {key!r} as {kind.__name__}, got {value!r}")
+        raise ServerResponseError(f"{where}: expected {key!r} as {kind.__name__}, got {value!r}")
     return value
 
 
@@ -475,3 +424,10 @@ def _error_message(response: httpx.Response) -> str:
             if key in body:
                 return str(body[key])
     return str(body)[:300]
+
+
+# The client class of each remote `rollout.backend`.
+SERVERS: dict[RolloutBackend, type[RolloutServer]] = {
+    RolloutBackend.VLLM: VLLMServer,
+    RolloutBackend.SGLANG: SGLangServer,
+}
