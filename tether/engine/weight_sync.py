@@ -1,0 +1,419 @@
+"""Weights to engine processes over torch.distributed: a versioned, bucketed broadcast from one sender
+(rank 0, the learner's side) to N engines (ranks 1..N), each applying it under its own update policy.
+
+The group stands alone: a `TCPStore` hosted by the sender and a `ProcessGroupGloo` (CPU) or
+`ProcessGroupNCCL` (CUDA) built on it, so it coexists with any default group a learner process has. The
+store is the control plane (what comes next, each engine's answer), the group the data plane (buckets).
+Per update the sender posts a plan (version, dtype, names, shapes, bucket layout); every engine checks it
+against its model and answers; only when all accept do the buckets travel, flattened in the engines' dtype
+(the sender casts), and each engine hands the unflattened tensors to its `AsyncEngine`, whose
+`UpdatePolicy` decides what happens to requests in flight, so none is lost. A refused plan moves no bytes
+and changes no engine. Every wait has a timeout: a dead peer is an error, not a hang. Not covered:
+engines of different dtypes in one group, or engines that shard a tensor (each engine holds whole ones).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# torch.distributed.TCPStore and friends, documented there; typed stubs export them from here only.
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from tether.engine.async_engine import AsyncEngine, EngineStoppedError
+from tether.engine.model_runner import WeightUpdateError
+from tether.engine.weight_buckets import UpdatePlan, dtype_name, parse_dtype, plan_update
+from tether.engine.weight_update import NamedTensors, check_named_tensors, check_version, parameter_shapes
+from tether.errors import ConfigError, TetherError
+
+logger = logging.getLogger(__name__)
+
+GROUP_PREFIX = "tether-weight-sync"
+"""Namespace of the process group's own keys in the store, apart from the control messages."""
+
+
+class SyncBackend(Enum):
+    GLOO = "gloo"
+    """CPU buckets: engines on CPU (or a CUDA engine that copies from host memory)."""
+    NCCL = "nccl"
+    """CUDA buckets on each rank's current device."""
+
+    @property
+    def device(self) -> torch.device:
+        if self is SyncBackend.NCCL:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+class WeightSyncError(TetherError):
+    """An update that some engine refused, failed to apply or never answered; names each engine's reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSyncConfig:
+    num_engines: int = 1
+    """Engine processes in the group (ranks 1..num_engines; the sender is rank 0)."""
+    host: str = "127.0.0.1"
+    """Where the sender hosts the group's store."""
+    port: int = 0
+    """The store's port: 0 lets the sender pick a free one (`WeightSender.port`), which engines are given."""
+    backend: SyncBackend | str = SyncBackend.GLOO
+    """Accepts the enum or its value; stored as the enum."""
+    bucket_mib: float = 64.0
+    """Most bytes per broadcast (a larger tensor travels alone): bounds the sender's extra memory."""
+    timeout_s: float = 120.0
+    """Longest wait for a peer: joining the group, an engine's answer, one bucket."""
+    poll_s: float = 0.01
+    """How often an idle engine looks for the next message."""
+
+    def __post_init__(self) -> None:
+        engines = self.num_engines
+        if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+            raise ConfigError(f"weight sync: num_engines = {engines!r}: expected an integer of at least 1")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"weight sync: port = {self.port!r}: expected an integer in 0..65535")
+        positive = {"bucket_mib": self.bucket_mib, "timeout_s": self.timeout_s, "poll_s": self.poll_s}
+        for name, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ConfigError(f"weight sync: {name} = {value!r}: expected a finite number > 0")
+        try:
+            backend = SyncBackend(self.backend)
+        except ValueError:
+            accepted = ", ".join(repr(b.value) for b in SyncBackend)
+            raise ConfigError(
+                f"weight sync: backend = {self.backend!r}: expected one of {accepted}"
+            ) from None
+        object.__setattr__(self, "backend", backend)
+
+    @property
+    def sync_backend(self) -> SyncBackend:
+        assert isinstance(self.backend, SyncBackend)
+        return self.backend
+
+    @property
+    def world_size(self) -> int:
+        return self.num_engines + 1
+
+
+# --- the group -------------------------------------------------------------------------------------------
+
+
+def _process_group(config: WeightSyncConfig, store: Store, rank: int) -> Any:
+    """The data plane's backend on `store`; constructing it waits until every rank has joined."""
+    timeout = timedelta(seconds=config.timeout_s)
+    prefix = PrefixStore(GROUP_PREFIX, store)
+    try:
+        if config.sync_backend is SyncBackend.GLOO:
+            return dist.ProcessGroupGloo(prefix, rank, config.world_size, timeout)
+        nccl = getattr(dist, "ProcessGroupNCCL", None)
+        if nccl is None or not torch.cuda.is_available():
+            raise ConfigError("weight sync: backend = 'nccl' needs CUDA and a torch built with NCCL")
+        options = nccl.Options()
+        options._timeout = timeout
+        return nccl(prefix, rank, config.world_size, options)
+    except RuntimeError as error:  # torch's DistError: a rank missing or unreachable
+        raise WeightSyncError(
+            f"weight sync rank {rank}: the group of {config.world_size} ranks at {config.host}:"
+            f"{config.port} did not form within {config.timeout_s:g} s: {error}"
+        ) from None
+
+
+def _broadcast(group: Any, tensor: torch.Tensor) -> Any:
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    return group.broadcast([tensor], options)
+
+
+def _finish(work: Any, config: WeightSyncConfig, rank: int) -> None:
+    try:
+        work.wait(timedelta(seconds=config.timeout_s))
+    except RuntimeError as error:  # gloo and NCCL report a dead or slow peer this way
+        raise WeightSyncError(f"weight sync rank {rank}: a bucket's broadcast failed: {error}") from None
+
+
+def _wait(store: Store, key: str, timeout_s: float) -> str | None:
+    """The value of `key` once set, or None after `timeout_s`."""
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+    except dist.DistStoreError:
+        return None
+    value: bytes = store.get(key)
+    return value.decode()
+
+
+def _take(store: Store, key: str, timeout_s: float) -> str | None:
+    """`_wait`, then the key is deleted: for answers that one reader takes."""
+    value = _wait(store, key, timeout_s)
+    if value is not None:
+        store.delete_key(key)
+    return value
+
+
+# --- the sender ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStats:
+    version: int
+    num_tensors: int
+    num_buckets: int
+    nbytes: int
+    """Bytes broadcast (in the engines' dtype)."""
+    seconds: float
+    """From posting the plan to every engine holding the tensors."""
+
+
+class WeightSender:
+    """Rank 0: hosts the store at once (`port`), joins the group on `connect()` (which waits for every
+    engine), then `send(named_tensors, version)` each version; `close()` releases the engines' threads."""
+
+    def __init__(self, config: WeightSyncConfig) -> None:
+        self.config = config
+        self._store = TCPStore(
+            config.host,
+            config.port,
+            config.world_size,
+            True,
+            timeout=timedelta(seconds=config.timeout_s),
+            wait_for_workers=False,
+        )
+        self.port: int = self._store.port
+        self.dtype: torch.dtype | None = None
+        """The engines' dtype, learned on `connect()`: what every bucket is cast to."""
+        self._group: Any = None
+        self._seq = 0  # control messages posted so far
+        self._sent: dict[int, int] = {}  # version -> message number, until its application is confirmed
+
+    def connect(self) -> None:
+        self._group = _process_group(self.config, self._store, 0)
+        hellos = {rank: self._answer(f"engine/{rank}", "join the group") for rank in self._ranks}
+        dtypes = {rank: json.loads(hello)["dtype"] for rank, hello in hellos.items()}
+        if len(set(dtypes.values())) > 1:
+            reason = f"the engines hold different dtypes, {dtypes} by rank; one broadcast cannot serve them"
+            self.close(reason)
+            raise ConfigError(f"weight sync: {reason}")
+        self.dtype = parse_dtype(next(iter(dtypes.values())))
+
+    def send(self, named_tensors: NamedTensors, version: int) -> SyncStats:
+        """Every engine holds `version` when this returns (applied, or queued behind its in-flight requests
+        under `wait`: see `wait_applied`). A refused update raises `WeightSyncError` and changes nothing."""
+        start = time.perf_counter()
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        for name, tensor in items:
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+                kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise WeightUpdateError(f"parameter {name!r}: expected a floating-point tensor, got {kind}")
+        if self._group is None or self.dtype is None:
+            raise WeightSyncError("weight sync: send() before connect()")
+        plan = plan_update(
+            [(name, tuple(t.shape)) for name, t in items],
+            version,
+            self.dtype,
+            int(self.config.bucket_mib * 2**20),
+        )
+        seq = self._post(plan.to_message())
+        refusals = self._answers(seq, "ack", f"check version {version}")
+        self._store.delete_key(f"msg/{seq}")  # every engine has read it
+        # Refused: the engines wait for this word before they go back to waiting for messages; the key
+        # stays (a few bytes), since nothing says when the last engine has read it.
+        self._store.set(f"go/{seq}", "abort" if refusals else "go")
+        if refusals:
+            raise WeightSyncError(f"weight sync: version {version} refused, nothing changed: {refusals}")
+        self._broadcast(plan, dict(items))
+        failures = self._answers(seq, "received", f"receive version {version}")
+        self._store.delete_key(f"go/{seq}")
+        if failures:
+            raise WeightSyncError(f"weight sync: version {version} not taken by every engine: {failures}")
+        self._sent[version] = seq
+        return SyncStats(version, len(items), len(plan.buckets), plan.nbytes, time.perf_counter() - start)
+
+    def wait_applied(self, version: int) -> None:
+        """Until every engine serves `version` (at once, except under `wait` with requests in flight)."""
+        seq = self._sent.pop(version, None)
+        if seq is None:
+            raise WeightSyncError(f"weight sync: version {version} was not sent (or was already waited for)")
+        failures = self._answers(seq, "applied", f"apply version {version}")
+        if failures:
+            raise WeightSyncError(f"weight sync: version {version} failed to apply: {failures}")
+
+    def close(self, reason: str = "") -> None:
+        """Tell every engine's thread to stop, wait briefly for them, then drop the group and the store."""
+        self._post({"close": reason})
+        deadline = time.monotonic() + min(self.config.timeout_s, 5.0)
+        for rank in self._ranks:  # an engine already gone does not answer
+            _take(self._store, f"bye/{rank}", max(deadline - time.monotonic(), 0.001))
+        self._group = None
+
+    @property
+    def _ranks(self) -> range:
+        return range(1, self.config.world_size)
+
+    def _post(self, message: dict[str, Any]) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        self._store.set(f"msg/{seq}", json.dumps(message))
+        return seq
+
+    def _answer(self, key: str, what: str) -> str:
+        value = _take(self._store, key, self.config.timeout_s)
+        if value is None:
+            raise WeightSyncError(
+                f"weight sync: {key.replace('/', ' ')} did not {what} within {self.config.timeout_s:g} s"
+            )
+        return value
+
+    def _answers(self, seq: int, kind: str, what: str) -> dict[int, str]:
+        """Each engine's answer to message `seq`; the non-empty ones (reasons) by rank."""
+        answers = {rank: self._answer(f"{kind}/{seq}/{rank}", what) for rank in self._ranks}
+        return {rank: f"engine rank {rank}: {answer}" for rank, answer in answers.items() if answer}
+
+    def _broadcast(self, plan: UpdatePlan, tensors: dict[str, torch.Tensor]) -> None:
+        """Pack a bucket while the previous one travels; at most two buckets exist at once."""
+        device = self.config.sync_backend.device
+        in_flight: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
+        for bucket in plan.buckets:
+            parts = [tensors[slot.name].detach().reshape(-1) for slot in bucket]
+            parts = [part.to(device=device, dtype=plan.dtype) for part in parts]
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+            in_flight.append((_broadcast(self._group, flat.contiguous()), flat))
+            if len(in_flight) > 1:
+                _finish(in_flight.popleft()[0], self.config, 0)
+        for work, _ in in_flight:
+            _finish(work, self.config, 0)
+
+
+# --- the receiver ----------------------------------------------------------------------------------------
+
+
+class WeightReceiver:
+    """Rank `rank` of the group, in an engine process: joins on construction (waiting for the others),
+    then `start()` runs a thread that hands each version to `engine` beside serving, until the sender
+    closes the group or `close()`. A refused update is logged and kept in `refusals`; the engine serves on."""
+
+    def __init__(self, engine: AsyncEngine, config: WeightSyncConfig, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= config.num_engines:
+            raise ConfigError(
+                f"weight sync: engine rank = {rank!r}: expected an integer in 1..{config.num_engines}"
+            )
+        self.engine = engine
+        self.config = config
+        self.rank = rank
+        model = engine.engine.runner.model
+        self.shapes = parameter_shapes(model)
+        parameter = next(p for p in model.parameters() if p.is_floating_point())
+        self.dtype = parameter.dtype
+        self.device = config.sync_backend.device
+        if config.sync_backend is SyncBackend.NCCL:
+            if parameter.device.type != "cuda":
+                raise ConfigError(
+                    f"weight sync: backend = 'nccl' needs a CUDA engine; it is on {parameter.device}"
+                )
+            self.device = parameter.device  # buckets land on the engine's own GPU
+        self.refusals: list[str] = []
+        """Why each refused update was refused, oldest first."""
+        self.error: BaseException | None = None
+        """Why the thread stopped, if the group failed rather than closed."""
+        self._store = TCPStore(
+            config.host, config.port, config.world_size, False, timeout=timedelta(seconds=config.timeout_s)
+        )
+        self._group = _process_group(config, self._store, rank)
+        self._store.set(f"engine/{rank}", json.dumps({"dtype": dtype_name(self.dtype)}))
+        self._latest = engine.engine.latest_version  # newest version handed to the engine by this thread
+        self._applying: list[tuple[int, concurrent.futures.Future[int]]] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tether-weight-sync-{rank}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        seq = 0
+        try:
+            while (message := self._next(f"msg/{seq}")) is not None:
+                if "close" in message:
+                    self._store.set(f"bye/{self.rank}", message["close"])
+                    break
+                self._update(seq, UpdatePlan.from_message(message))
+                seq += 1
+        except BaseException as error:
+            logger.exception("weight sync rank %d stopped", self.rank)
+            self.error = error
+
+    def _next(self, key: str) -> dict[str, Any] | None:
+        """The next message, reporting applied updates while waiting; None once `close()` was called."""
+        while not self._stopping.is_set():
+            self._report_applied()
+            if self._store.check([key]):
+                message: dict[str, Any] = json.loads(self._store.get(key).decode())
+                return message
+            time.sleep(self.config.poll_s)
+        return None
+
+    def _update(self, seq: int, plan: UpdatePlan) -> None:
+        refusal = self._refusal(plan)
+        self._store.set(f"ack/{seq}/{self.rank}", refusal)
+        if refusal:
+            logger.warning("weight sync rank %d refused version %d: %s", self.rank, plan.version, refusal)
+            self.refusals.append(refusal)
+        go = _wait(self._store, f"go/{seq}", self.config.timeout_s)
+        if go is None:
+            raise WeightSyncError(
+                f"weight sync rank {self.rank}: no word from the sender on version "
+                f"{plan.version} within {self.config.timeout_s:g} s"
+            )
+        if go != "go":
+            return  # some engine refused: no bucket travels
+        buffers = [torch.empty(n, dtype=plan.dtype, device=self.device) for n in plan.bucket_numels]
+        for work in [_broadcast(self._group, buffer) for buffer in buffers]:
+            _finish(work, self.config, self.rank)
+        named = [
+            (slot.name, buffer[slot.offset : slot.offset + slot.numel].view(slot.shape))
+            for bucket, buffer in zip(plan.buckets, buffers, strict=True)
+            for slot in bucket
+        ]
+        try:
+            done = self.engine.submit_weights(named, plan.version)
+        except EngineStoppedError as error:
+            self._store.set(f"received/{seq}/{self.rank}", f"the engine stopped: {error}")
+            raise
+        self._latest = plan.version
+        self._applying.append((seq, done))
+        self._store.set(f"received/{seq}/{self.rank}", "")
+
+    def _refusal(self, plan: UpdatePlan) -> str:
+        """Why this engine cannot take `plan` ('' when it can), judged before any bucket travels."""
+        if plan.dtype != self.dtype:
+            sent, held = dtype_name(plan.dtype), dtype_name(self.dtype)
+            return f"version {plan.version} is sent as {sent}, the engine holds {held}"
+        try:
+            check_version(plan.version, max(self._latest, self.engine.engine.latest_version))
+            meta = [(s.name, torch.empty(s.shape, dtype=plan.dtype, device="meta")) for s in plan.slots]
+            check_named_tensors(self.shapes, meta)
+        except WeightUpdateError as error:
+            return str(error)
+        return ""
+
+    def _report_applied(self) -> None:
+        for seq, done in [entry for entry in self._applying if entry[1].done()]:
+            error = done.exception()
+            self._store.set(f"applied/{seq}/{self.rank}", "" if error is None else f"{error}")
+        self._applying = [entry for entry in self._applying if not entry[1].done()]
