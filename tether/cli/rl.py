@@ -121,7 +121,10 @@ def bench_sync_command(
     repeats: Annotated[int, typer.Option("--repeats", help="Measured versions per path (median).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Versions per path left out of the figures.")] = 1,
     bucket_mib: Annotated[float, typer.Option("--bucket-mib", help="Most MiB per broadcast.")] = 64.0,
-    backend: Annotated[str, typer.Option("--backend", help="Collective backend: gloo or nccl.")] = "gloo",
+    backend: Annotated[
+        str, typer.Option("--backend", help="Collective backend: gloo, or nccl (a GPU per rank).")
+    ] = "gloo",
+    device: Annotated[str, typer.Option("--device", help="The engines' device: cpu or cuda.")] = "cpu",
     smoke: Annotated[
         bool, typer.Option("--smoke", help="A tiny random model and one version per path (seconds).")
     ] = False,
@@ -150,6 +153,7 @@ def bench_sync_command(
                 warmup=warmup,
                 bucket_mib=bucket_mib,
                 backend=backend,
+                device=device,
             )
         )
         with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):

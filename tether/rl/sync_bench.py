@@ -30,6 +30,7 @@ import torch
 
 from tether.engine.weight_sync import WeightSender, WeightSyncConfig
 from tether.errors import ConfigError
+from tether.models.precision import resolve_device
 
 Progress = Callable[[str], None]
 
@@ -50,6 +51,10 @@ class SyncBenchConfig:
     warmup: int = 1
     bucket_mib: float = 64.0
     backend: str = "gloo"
+    """`nccl` needs CUDA engines and one GPU per rank (the sender's included): NCCL refuses two ranks on
+    one device."""
+    device: str = "cpu"
+    """The engines' device (`cuda`: one GPU per engine actor); the sender's tensors start on the CPU."""
     kv_cache_mib: int = 16
     """Each engine's KV cache: the engines only take weights here."""
     object_store_mib: int = 2048
@@ -64,6 +69,7 @@ class SyncBenchConfig:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"bench-sync warmup = {self.warmup!r}: expected an integer >= 0")
         self.sync_config()  # the collective's settings are checked where they are defined
+        resolve_device(self.device, "bench-sync device")
 
     def sync_config(self, port: int = 0) -> WeightSyncConfig:
         return WeightSyncConfig(
@@ -87,15 +93,13 @@ def smoke_config(folder: Path) -> SyncBenchConfig:
 class BenchEngine:
     """A Ray actor: one engine serving nothing but weight updates, by whichever path brings them."""
 
-    def __init__(self, model: str, cache_dir: Path | None, kv_cache_mib: int) -> None:
+    def __init__(self, model: str, cache_dir: Path | None, kv_cache_mib: int, device: str) -> None:
         from tether.engine.async_engine import AsyncEngine
         from tether.engine.llm_engine import LLMEngine
         from tether.engine.weight_sync import WeightReceiver
 
         torch.set_num_threads(1)
-        engine, _ = LLMEngine.from_pretrained(
-            model, cache_dir, kv_cache_mib=kv_cache_mib, adapt_threads=False
-        )
+        engine, _ = LLMEngine.from_pretrained(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device)
         self.engine = AsyncEngine(engine)
         self.engine.start()
         self.receiver: WeightReceiver | None = None
@@ -159,9 +163,13 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
     actors: list[Any] = []
     try:
         progress(f"starting {config.engines} engine processes")
-        remote = ray.remote(BenchEngine).options(num_cpus=1)
+        cuda = resolve_device(config.device).type == "cuda"
+        remote = ray.remote(BenchEngine).options(num_cpus=1, num_gpus=1 if cuda else 0)
+        # Ray gives each actor its own GPU as its only visible one: "cuda" there is that GPU.
+        device = "cuda" if cuda else "cpu"
         actors = [
-            remote.remote(config.model, config.cache_dir, config.kv_cache_mib) for _ in range(config.engines)
+            remote.remote(config.model, config.cache_dir, config.kv_cache_mib, device)
+            for _ in range(config.engines)
         ]
         sender = WeightSender(config.sync_config())
         sync = config.sync_config(sender.port)
@@ -224,6 +232,7 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
         "bytes": nbytes,
         "dtype": str(next(iter(base.values())).dtype).removeprefix("torch."),
         "backend": config.backend,
+        "device": config.device,
         "bucket_mib": config.bucket_mib,
         "repeats": config.repeats,
         "warmup": config.warmup,
