@@ -12,13 +12,14 @@ own (as a learner or a tensor-parallel engine would): the sync group stands besi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import multiprocessing
 import os
 import re
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,22 @@ def test_send_before_connect_is_refused() -> None:
     sender = WeightSender(WeightSyncConfig(num_engines=1, timeout_s=1.0))
     with pytest.raises(WeightSyncError, match=r"send\(\) before connect\(\)"):
         sender.send({"w": torch.zeros(1)}, 1)
+
+
+def test_an_engine_gone_silent_is_a_timeout_naming_it_not_a_hang(tiny_path: Path) -> None:
+    config = WeightSyncConfig(num_engines=1, timeout_s=2.0)
+    sender = WeightSender(config)
+    engine = AsyncEngine(make_engine(tiny_path, UpdatePolicy.WAIT))
+    engine.start()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # in this process: the group stands alone
+        joining = pool.submit(WeightReceiver, engine, replace(config, port=sender.port), 1)
+        sender.connect()
+        joining.result(timeout=30)  # joined, but its thread never starts: it never answers
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"engine rank\(s\) \[1\] did not check version 1 within 2 s"):
+        sender.send(version_weights(tiny_path, 1), 1)
+    assert time.monotonic() - start < 15
+    engine.shutdown()
 
 
 def test_buckets_hold_at_most_their_bytes_and_a_large_tensor_travels_alone() -> None:

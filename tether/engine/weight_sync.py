@@ -198,7 +198,7 @@ class WeightSender:
 
     def connect(self) -> None:
         self._group = _process_group(self.config, self._store, 0)
-        hellos = {rank: self._answer(f"engine/{rank}", "join the group") for rank in self._ranks}
+        hellos = self._answers("engine", "join the group")
         dtypes = {rank: json.loads(hello)["dtype"] for rank, hello in hellos.items()}
         if len(set(dtypes.values())) > 1:
             reason = f"the engines hold different dtypes, {dtypes} by rank; one broadcast cannot serve them"
@@ -216,7 +216,7 @@ class WeightSender:
                 kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
                 raise WeightUpdateError(f"parameter {name!r}: expected a floating-point tensor, got {kind}")
         if self._group is None or self.dtype is None:
-            raise WeightSyncError("weight sync: send() before connect()")
+            raise WeightSyncError("weight sync: send() before connect() or after close()")
         plan = plan_update(
             [(name, tuple(t.shape)) for name, t in items],
             version,
@@ -224,7 +224,11 @@ class WeightSender:
             int(self.config.bucket_mib * 2**20),
         )
         seq = self._post(plan.to_message())
-        refusals = self._answers(seq, "ack", f"check version {version}")
+        try:
+            refusals = self._reasons(seq, "ack", f"check version {version}")
+        except WeightSyncError:
+            self._store.set(f"go/{seq}", "abort")  # the engines that did answer need not wait in vain
+            raise
         self._store.delete_key(f"msg/{seq}")  # every engine has read it
         # Refused: the engines wait for this word before they go back to waiting for messages; the key
         # stays (a few bytes), since nothing says when the last engine has read it.
@@ -232,7 +236,7 @@ class WeightSender:
         if refusals:
             raise WeightSyncError(f"weight sync: version {version} refused, nothing changed: {refusals}")
         self._broadcast(plan, dict(items))
-        failures = self._answers(seq, "received", f"receive version {version}")
+        failures = self._reasons(seq, "received", f"receive version {version}")
         self._store.delete_key(f"go/{seq}")
         if failures:
             raise WeightSyncError(f"weight sync: version {version} not taken by every engine: {failures}")
@@ -244,7 +248,7 @@ class WeightSender:
         seq = self._sent.pop(version, None)
         if seq is None:
             raise WeightSyncError(f"weight sync: version {version} was not sent (or was already waited for)")
-        failures = self._answers(seq, "applied", f"apply version {version}")
+        failures = self._reasons(seq, "applied", f"apply version {version}")
         if failures:
             raise WeightSyncError(f"weight sync: version {version} failed to apply: {failures}")
 
@@ -265,17 +269,24 @@ class WeightSender:
         self._store.set(f"msg/{seq}", json.dumps(message))
         return seq
 
-    def _answer(self, key: str, what: str) -> str:
-        value = _take(self._store, key, self.config.timeout_s)
-        if value is None:
+    def _answers(self, kind: str, what: str) -> dict[int, str]:
+        """Every engine's answer under `kind/<rank>`, each taken from the store; one timeout for them all,
+        past which the error names every engine still silent."""
+        deadline = time.monotonic() + self.config.timeout_s
+        answers = {
+            rank: _take(self._store, f"{kind}/{rank}", max(deadline - time.monotonic(), 0.001))
+            for rank in self._ranks
+        }
+        silent = [rank for rank, answer in answers.items() if answer is None]
+        if silent:
             raise WeightSyncError(
-                f"weight sync: {key.replace('/', ' ')} did not {what} within {self.config.timeout_s:g} s"
+                f"weight sync: engine rank(s) {silent} did not {what} within {self.config.timeout_s:g} s"
             )
-        return value
+        return {rank: answer for rank, answer in answers.items() if answer is not None}
 
-    def _answers(self, seq: int, kind: str, what: str) -> dict[int, str]:
-        """Each engine's answer to message `seq`; the non-empty ones (reasons) by rank."""
-        answers = {rank: self._answer(f"{kind}/{seq}/{rank}", what) for rank in self._ranks}
+    def _reasons(self, seq: int, kind: str, what: str) -> dict[int, str]:
+        """The engines' answers to message `seq` that are reasons (an empty answer means done)."""
+        answers = self._answers(f"{kind}/{seq}", what)
         return {rank: f"engine rank {rank}: {answer}" for rank, answer in answers.items() if answer}
 
     def _broadcast(self, plan: UpdatePlan, tensors: dict[str, torch.Tensor]) -> None:
