@@ -195,6 +195,7 @@ class WeightSender:
         self._group: Any = None
         self._seq = 0  # control messages posted so far
         self._sent: dict[int, int] = {}  # version -> message number, until its application is confirmed
+        self._staging = [torch.empty(0), torch.empty(0)]  # the buckets being packed and travelling
 
     def connect(self) -> None:
         self._group = _process_group(self.config, self._store, 0)
@@ -290,17 +291,29 @@ class WeightSender:
         return {rank: f"engine rank {rank}: {answer}" for rank, answer in answers.items() if answer}
 
     def _broadcast(self, plan: UpdatePlan, tensors: dict[str, torch.Tensor]) -> None:
-        """Pack a bucket while the previous one travels; at most two buckets exist at once."""
+        """Pack a bucket while the previous one travels, into two staging buffers kept between updates
+        (fresh memory would cost a page fault per page on every update)."""
         device = self.config.sync_backend.device
-        in_flight: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
-        for bucket in plan.buckets:
-            parts = [tensors[slot.name].detach().reshape(-1) for slot in bucket]
-            parts = [part.to(device=device, dtype=plan.dtype) for part in parts]
-            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-            in_flight.append((_broadcast(self._group, flat.contiguous()), flat))
+        largest = max(plan.bucket_numels)
+        for index, buffer in enumerate(self._staging):
+            if buffer.dtype != plan.dtype or buffer.device != device or buffer.numel() < largest:
+                self._staging[index] = torch.empty(0, dtype=plan.dtype, device=device)
+        in_flight: collections.deque[Any] = collections.deque()
+        for index, (bucket, numel) in enumerate(zip(plan.buckets, plan.bucket_numels, strict=True)):
+            parts = [
+                tensors[slot.name].detach().reshape(-1).to(device=device, dtype=plan.dtype) for slot in bucket
+            ]
+            if len(parts) == 1 and parts[0].is_contiguous():
+                flat = parts[0]  # a whole bucket already as it travels: no copy
+            else:
+                if self._staging[index % 2].numel() < numel:
+                    self._staging[index % 2] = torch.empty(largest, dtype=plan.dtype, device=device)
+                # Free: the broadcast that last used this buffer was waited for below.
+                flat = torch.cat(parts, out=self._staging[index % 2][:numel])
+            in_flight.append(_broadcast(self._group, flat))
             if len(in_flight) > 1:
-                _finish(in_flight.popleft()[0], self.config, 0)
-        for work, _ in in_flight:
+                _finish(in_flight.popleft(), self.config, 0)
+        for work in in_flight:
             _finish(work, self.config, 0)
 
 
@@ -342,6 +355,7 @@ class WeightReceiver:
         self._store.set(f"engine/{rank}", json.dumps({"dtype": dtype_name(self.dtype)}))
         self._latest = engine.engine.latest_version  # newest version handed to the engine by this thread
         self._applying: list[tuple[int, concurrent.futures.Future[int]]] = []
+        self._buffers: list[torch.Tensor] = []  # the last update's buckets
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tether-weight-sync-{rank}", daemon=True)
 
@@ -393,7 +407,7 @@ class WeightReceiver:
             )
         if go != "go":
             return  # some engine refused: no bucket travels
-        buffers = [torch.empty(n, dtype=plan.dtype, device=self.device) for n in plan.bucket_numels]
+        buffers = self._buffers_for(plan)
         for work in [_broadcast(self._group, buffer) for buffer in buffers]:
             _finish(work, self.config, self.rank)
         named = [
@@ -408,7 +422,18 @@ class WeightReceiver:
             raise
         self._latest = plan.version
         self._applying.append((seq, done))
+        self._buffers = buffers
         self._store.set(f"received/{seq}/{self.rank}", "")
+
+    def _buffers_for(self, plan: UpdatePlan) -> list[torch.Tensor]:
+        """The last update's buckets again when they fit and the engine is done with them (it copies
+        tensors into the model or into its queue before it resolves an update); fresh ones otherwise."""
+        numels = plan.bucket_numels
+        last = self._buffers
+        fits = [b.numel() for b in last] == numels and all(b.dtype == plan.dtype for b in last)
+        if fits and all(done.done() for _, done in self._applying):
+            return last
+        return [torch.empty(n, dtype=plan.dtype, device=self.device) for n in numels]
 
     def _refusal(self, plan: UpdatePlan) -> str:
         """Why this engine cannot take `plan` ('' when it can), judged before any bucket travels."""
