@@ -33,9 +33,9 @@ from tether.engine.llm_engine import LLMEngine, RequestOutput
 from tether.engine.model_runner import ModelRunner, WeightUpdateError
 from tether.engine.sampling import SamplingParams
 from tether.engine.weight_buckets import TensorSlot, UpdatePlan, plan_update
+from tether.engine.weight_receiver import WeightReceiver
 from tether.engine.weight_sync import (
     SyncBackend,
-    WeightReceiver,
     WeightSender,
     WeightSyncConfig,
     WeightSyncError,
@@ -387,3 +387,32 @@ def test_an_engine_rank_outside_the_group_is_refused(tiny_path: Path, rank: int)
     engine = AsyncEngine(make_engine(tiny_path, UpdatePolicy.WAIT))
     with pytest.raises(ConfigError, match=r"engine rank = .*: expected an integer in 1..2"):
         WeightReceiver(engine, sync_config(port=1), rank)
+
+
+def test_an_engine_driven_by_its_caller_takes_one_message_per_receive(tiny_path: Path) -> None:
+    config = WeightSyncConfig(num_engines=1, timeout_s=20.0)
+    sender = WeightSender(config)
+    engine = make_engine(tiny_path, UpdatePolicy.WAIT)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the engine's side, in this process
+        joining = pool.submit(WeightReceiver, engine, replace(config, port=sender.port), 1)
+        sender.connect()
+        receiver = joining.result(timeout=30)
+        with pytest.raises(ConfigError, match=r"a receiver thread needs an AsyncEngine"):
+            receiver.start()
+        with pytest.raises(WeightSyncError, match=r"rank 1: no message from the sender within 0.2 s"):
+            receiver.receive(timeout_s=0.2)
+        weights = version_weights(tiny_path, 1)
+        taking = pool.submit(receiver.receive)
+        sender.send(weights, 1)
+        assert taking.result(timeout=30) == 1
+        sender.wait_applied(1)
+        assert engine.policy_version == 1
+        held = dict(engine.runner.model.named_parameters())
+        assert all(torch.equal(held[name], tensor) for name, tensor in weights.items())
+        taking = pool.submit(receiver.receive)
+        with pytest.raises(WeightSyncError, match=r"version 1: expected an integer greater than 1"):
+            sender.send(weights, 1)
+        assert taking.result(timeout=30) is None and len(receiver.refusals) == 1
+        taking = pool.submit(receiver.receive)
+        sender.close()
+        assert taking.result(timeout=30) is None and receiver.closed

@@ -6,19 +6,17 @@ The group stands alone: a `TCPStore` hosted by the sender and a `ProcessGroupGlo
 store is the control plane (what comes next, each engine's answer), the group the data plane (buckets).
 Per update the sender posts a plan (version, dtype, names, shapes, bucket layout); every engine checks it
 against its model and answers; only when all accept do the buckets travel, flattened in the engines' dtype
-(the sender casts), and each engine hands the unflattened tensors to its `AsyncEngine`, whose
-`UpdatePolicy` decides what happens to requests in flight, so none is lost. A refused plan moves no bytes
-and changes no engine. Every wait has a timeout: a dead peer is an error, not a hang. Not covered:
-engines of different dtypes in one group, or engines that shard a tensor (each engine holds whole ones).
+(the sender casts), and each engine (`weight_receiver.py`) hands the unflattened tensors to its engine,
+whose `UpdatePolicy` decides what happens to requests in flight, so none is lost. A refused plan moves
+no bytes and changes no engine. Every wait has a timeout: a dead peer is an error, not a hang. Not
+covered: engines of different dtypes in one group, or engines that shard a tensor (each holds whole ones).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,10 +30,9 @@ import torch.distributed as dist
 # torch.distributed.TCPStore and friends, documented there; typed stubs export them from here only.
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from tether.engine.async_engine import AsyncEngine, EngineStoppedError
 from tether.engine.model_runner import WeightUpdateError
-from tether.engine.weight_buckets import UpdatePlan, dtype_name, parse_dtype, plan_update
-from tether.engine.weight_update import NamedTensors, check_named_tensors, check_version, parameter_shapes
+from tether.engine.weight_buckets import UpdatePlan, parse_dtype, plan_update
+from tether.engine.weight_update import NamedTensors
 from tether.errors import ConfigError, TetherError
 
 logger = logging.getLogger(__name__)
@@ -110,7 +107,7 @@ class WeightSyncConfig:
 # --- the group -------------------------------------------------------------------------------------------
 
 
-def _process_group(config: WeightSyncConfig, store: Store, rank: int) -> Any:
+def join_group(config: WeightSyncConfig, store: Store, rank: int) -> Any:
     """The data plane's backend on `store`; constructing it waits until every rank has joined."""
     timeout = timedelta(seconds=config.timeout_s)
     prefix = PrefixStore(GROUP_PREFIX, store)
@@ -130,20 +127,20 @@ def _process_group(config: WeightSyncConfig, store: Store, rank: int) -> Any:
         ) from None
 
 
-def _broadcast(group: Any, tensor: torch.Tensor) -> Any:
+def broadcast_bucket(group: Any, tensor: torch.Tensor) -> Any:
     options = dist.BroadcastOptions()
     options.rootRank = 0
     return group.broadcast([tensor], options)
 
 
-def _finish(work: Any, config: WeightSyncConfig, rank: int) -> None:
+def finish_bucket(work: Any, config: WeightSyncConfig, rank: int) -> None:
     try:
         work.wait(timedelta(seconds=config.timeout_s))
     except RuntimeError as error:  # gloo and NCCL report a dead or slow peer this way
         raise WeightSyncError(f"weight sync rank {rank}: a bucket's broadcast failed: {error}") from None
 
 
-def _wait(store: Store, key: str, timeout_s: float) -> str | None:
+def wait_key(store: Store, key: str, timeout_s: float) -> str | None:
     """The value of `key` once set, or None after `timeout_s`."""
     try:
         store.wait([key], timedelta(seconds=timeout_s))
@@ -153,9 +150,9 @@ def _wait(store: Store, key: str, timeout_s: float) -> str | None:
     return value.decode()
 
 
-def _take(store: Store, key: str, timeout_s: float) -> str | None:
-    """`_wait`, then the key is deleted: for answers that one reader takes."""
-    value = _wait(store, key, timeout_s)
+def take_key(store: Store, key: str, timeout_s: float) -> str | None:
+    """`wait_key`, then the key is deleted: for answers that one reader takes."""
+    value = wait_key(store, key, timeout_s)
     if value is not None:
         store.delete_key(key)
     return value
@@ -198,7 +195,7 @@ class WeightSender:
         self._staging = [torch.empty(0), torch.empty(0)]  # the buckets being packed and travelling
 
     def connect(self) -> None:
-        self._group = _process_group(self.config, self._store, 0)
+        self._group = join_group(self.config, self._store, 0)
         hellos = self._answers("engine", "join the group")
         dtypes = {rank: json.loads(hello)["dtype"] for rank, hello in hellos.items()}
         if len(set(dtypes.values())) > 1:
@@ -258,7 +255,7 @@ class WeightSender:
         self._post({"close": reason})
         deadline = time.monotonic() + min(self.config.timeout_s, 5.0)
         for rank in self._ranks:  # an engine already gone does not answer
-            _take(self._store, f"bye/{rank}", max(deadline - time.monotonic(), 0.001))
+            take_key(self._store, f"bye/{rank}", max(deadline - time.monotonic(), 0.001))
         self._group = None
 
     @property
@@ -275,7 +272,7 @@ class WeightSender:
         past which the error names every engine still silent."""
         deadline = time.monotonic() + self.config.timeout_s
         answers = {
-            rank: _take(self._store, f"{kind}/{rank}", max(deadline - time.monotonic(), 0.001))
+            rank: take_key(self._store, f"{kind}/{rank}", max(deadline - time.monotonic(), 0.001))
             for rank in self._ranks
         }
         silent = [rank for rank, answer in answers.items() if answer is None]
@@ -310,146 +307,8 @@ class WeightSender:
                     self._staging[index % 2] = torch.empty(largest, dtype=plan.dtype, device=device)
                 # Free: the broadcast that last used this buffer was waited for below.
                 flat = torch.cat(parts, out=self._staging[index % 2][:numel])
-            in_flight.append(_broadcast(self._group, flat))
+            in_flight.append(broadcast_bucket(self._group, flat))
             if len(in_flight) > 1:
-                _finish(in_flight.popleft(), self.config, 0)
+                finish_bucket(in_flight.popleft(), self.config, 0)
         for work in in_flight:
-            _finish(work, self.config, 0)
-
-
-# --- the receiver ----------------------------------------------------------------------------------------
-
-
-class WeightReceiver:
-    """Rank `rank` of the group, in an engine process: joins on construction (waiting for the others),
-    then `start()` runs a thread that hands each version to `engine` beside serving, until the sender
-    closes the group or `close()`. A refused update is logged and kept in `refusals`; the engine serves on."""
-
-    def __init__(self, engine: AsyncEngine, config: WeightSyncConfig, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= config.num_engines:
-            raise ConfigError(
-                f"weight sync: engine rank = {rank!r}: expected an integer in 1..{config.num_engines}"
-            )
-        self.engine = engine
-        self.config = config
-        self.rank = rank
-        model = engine.engine.runner.model
-        self.shapes = parameter_shapes(model)
-        parameter = next(p for p in model.parameters() if p.is_floating_point())
-        self.dtype = parameter.dtype
-        self.device = config.sync_backend.device
-        if config.sync_backend is SyncBackend.NCCL:
-            if parameter.device.type != "cuda":
-                raise ConfigError(
-                    f"weight sync: backend = 'nccl' needs a CUDA engine; it is on {parameter.device}"
-                )
-            self.device = parameter.device  # buckets land on the engine's own GPU
-        self.refusals: list[str] = []
-        """Why each refused update was refused, oldest first."""
-        self.error: BaseException | None = None
-        """Why the thread stopped, if the group failed rather than closed."""
-        self._store = TCPStore(
-            config.host, config.port, config.world_size, False, timeout=timedelta(seconds=config.timeout_s)
-        )
-        self._group = _process_group(config, self._store, rank)
-        self._store.set(f"engine/{rank}", json.dumps({"dtype": dtype_name(self.dtype)}))
-        self._latest = engine.engine.latest_version  # newest version handed to the engine by this thread
-        self._applying: list[tuple[int, concurrent.futures.Future[int]]] = []
-        self._buffers: list[torch.Tensor] = []  # the last update's buckets
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"tether-weight-sync-{rank}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout_s)
-
-    @property
-    def is_running(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        seq = 0
-        try:
-            while (message := self._next(f"msg/{seq}")) is not None:
-                if "close" in message:
-                    self._store.set(f"bye/{self.rank}", message["close"])
-                    break
-                self._update(seq, UpdatePlan.from_message(message))
-                seq += 1
-        except BaseException as error:
-            logger.exception("weight sync rank %d stopped", self.rank)
-            self.error = error
-
-    def _next(self, key: str) -> dict[str, Any] | None:
-        """The next message, reporting applied updates while waiting; None once `close()` was called."""
-        while not self._stopping.is_set():
-            self._report_applied()
-            if self._store.check([key]):
-                message: dict[str, Any] = json.loads(self._store.get(key).decode())
-                return message
-            time.sleep(self.config.poll_s)
-        return None
-
-    def _update(self, seq: int, plan: UpdatePlan) -> None:
-        refusal = self._refusal(plan)
-        self._store.set(f"ack/{seq}/{self.rank}", refusal)
-        if refusal:
-            logger.warning("weight sync rank %d refused version %d: %s", self.rank, plan.version, refusal)
-            self.refusals.append(refusal)
-        go = _wait(self._store, f"go/{seq}", self.config.timeout_s)
-        if go is None:
-            raise WeightSyncError(
-                f"weight sync rank {self.rank}: no word from the sender on version "
-                f"{plan.version} within {self.config.timeout_s:g} s"
-            )
-        if go != "go":
-            return  # some engine refused: no bucket travels
-        buffers = self._buffers_for(plan)
-        for work in [_broadcast(self._group, buffer) for buffer in buffers]:
-            _finish(work, self.config, self.rank)
-        named = [
-            (slot.name, buffer[slot.offset : slot.offset + slot.numel].view(slot.shape))
-            for bucket, buffer in zip(plan.buckets, buffers, strict=True)
-            for slot in bucket
-        ]
-        try:
-            done = self.engine.submit_weights(named, plan.version)
-        except EngineStoppedError as error:
-            self._store.set(f"received/{seq}/{self.rank}", f"the engine stopped: {error}")
-            raise
-        self._latest = plan.version
-        self._applying.append((seq, done))
-        self._buffers = buffers
-        self._store.set(f"received/{seq}/{self.rank}", "")
-
-    def _buffers_for(self, plan: UpdatePlan) -> list[torch.Tensor]:
-        """The last update's buckets again when they fit and the engine is done with them (it copies
-        tensors into the model or into its queue before it resolves an update); fresh ones otherwise."""
-        numels = plan.bucket_numels
-        last = self._buffers
-        fits = [b.numel() for b in last] == numels and all(b.dtype == plan.dtype for b in last)
-        if fits and all(done.done() for _, done in self._applying):
-            return last
-        return [torch.empty(n, dtype=plan.dtype, device=self.device) for n in numels]
-
-    def _refusal(self, plan: UpdatePlan) -> str:
-        """Why this engine cannot take `plan` ('' when it can), judged before any bucket travels."""
-        if plan.dtype != self.dtype:
-            sent, held = dtype_name(plan.dtype), dtype_name(self.dtype)
-            return f"version {plan.version} is sent as {sent}, the engine holds {held}"
-        try:
-            check_version(plan.version, max(self._latest, self.engine.engine.latest_version))
-            meta = [(s.name, torch.empty(s.shape, dtype=plan.dtype, device="meta")) for s in plan.slots]
-            check_named_tensors(self.shapes, meta)
-        except WeightUpdateError as error:
-            return str(error)
-        return ""
-
-    def _report_applied(self) -> None:
-        for seq, done in [entry for entry in self._applying if entry[1].done()]:
-            error = done.exception()
-            self._store.set(f"applied/{seq}/{self.rank}", "" if error is None else f"{error}")
-        self._applying = [entry for entry in self._applying if not entry[1].done()]
+            finish_bucket(work, self.config, 0)

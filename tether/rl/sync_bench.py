@@ -96,7 +96,7 @@ class BenchEngine:
     def __init__(self, model: str, cache_dir: Path | None, kv_cache_mib: int, device: str) -> None:
         from tether.engine.async_engine import AsyncEngine
         from tether.engine.llm_engine import LLMEngine
-        from tether.engine.weight_sync import WeightReceiver
+        from tether.engine.weight_receiver import WeightReceiver
 
         torch.set_num_threads(1)
         engine, _ = LLMEngine.from_pretrained(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device)
@@ -106,7 +106,7 @@ class BenchEngine:
 
     def join(self, config: Any, rank: int) -> None:
         """Join the sync group (waits for the sender's `connect`) and start taking broadcasts."""
-        from tether.engine.weight_sync import WeightReceiver
+        from tether.engine.weight_receiver import WeightReceiver
 
         self.receiver = WeightReceiver(self.engine, config, rank)
         self.receiver.start()
@@ -121,10 +121,9 @@ class BenchEngine:
 
     def state(self) -> tuple[int, float]:
         """The version served and the probe tensor's sum."""
-        stats = self.engine.stats.weights
-        assert stats is not None
-        probe = dict(self.engine.engine.runner.model.named_parameters())[PROBE]
-        return stats.policy_version, float(probe.double().sum())
+        engine = self.engine.engine  # its version is set before the update's future resolves; stats lag
+        probe = dict(engine.runner.model.named_parameters())[PROBE]
+        return engine.policy_version, float(probe.double().sum())
 
     def close(self) -> None:
         if self.receiver is not None:
