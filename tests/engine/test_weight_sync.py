@@ -46,7 +46,7 @@ from tether.models import load
 
 BLOCK = 4
 PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8, 6], [4, 4, 12, 1, 9, 2]]
-IN_FLIGHT = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+IN_FLIGHT = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 AFTER = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 POLICIES = {1: UpdatePolicy.WAIT, 2: UpdatePolicy.PAUSE_RESUME}
 STEP_SLEEP_S = 0.02
@@ -245,8 +245,9 @@ def test_an_update_reaches_both_engines_with_requests_in_flight_and_none_is_lost
     version = engines.version + 1
     stats = engines.sender.send(version_weights(tiny_path, version), version)
     assert stats.version == version and stats.num_buckets > 1
-    waiting = engines.ask("stats")
+    waiting, deadline = engines.ask("stats"), time.monotonic() + REPLY_TIMEOUT_S
     while waiting[1][:2] == (0, 0):  # handed over; the engine thread takes it after its current step
+        assert time.monotonic() < deadline, "the engine never took the update"
         waiting = engines.ask("stats")
     assert waiting[1][1] == 1 and waiting[1][2] > 0, "under wait the update queues behind running requests"
     engines.sender.wait_applied(version)
