@@ -26,6 +26,7 @@ runner = CliRunner()
         ("warmup", -1, r"warmup = -1: expected an integer >= 0"),
         ("object_store_mib", 0.5, r"object_store_mib = 0.5"),
         ("device", "tpu", r"bench-sync device = 'tpu': expected auto, cpu, cuda or cuda:N"),
+        ("backend", "nccl", r"backend = 'nccl' needs the engines on CUDA: add --device cuda"),
     ],
 )
 def test_bad_bench_sync_settings_are_refused_with_the_value(field: str, value: Any, message: str) -> None:

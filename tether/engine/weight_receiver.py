@@ -160,6 +160,8 @@ class WeightReceiver:
         buffers = self._buffers_for(plan)
         for work in [broadcast_bucket(self._group, buffer) for buffer in buffers]:
             finish_bucket(work, self.config, self.rank)
+        if self.device.type == "cuda":  # NCCL's wait orders streams only: the engine's thread reads next
+            torch.cuda.synchronize(self.device)
         named = [
             (slot.name, buffer[slot.offset : slot.offset + slot.numel].view(slot.shape))
             for bucket, buffer in zip(plan.buckets, buffers, strict=True)

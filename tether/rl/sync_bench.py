@@ -69,7 +69,9 @@ class SyncBenchConfig:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"bench-sync warmup = {self.warmup!r}: expected an integer >= 0")
         self.sync_config()  # the collective's settings are checked where they are defined
-        resolve_device(self.device, "bench-sync device")
+        cuda = resolve_device(self.device, "bench-sync device").type == "cuda"
+        if self.backend == "nccl" and not cuda:
+            raise ConfigError("bench-sync backend = 'nccl' needs the engines on CUDA: add --device cuda")
 
     def sync_config(self, port: int = 0) -> WeightSyncConfig:
         return WeightSyncConfig(
@@ -146,6 +148,7 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
     from tether.rl.ray_backend import require_ray
 
     ray = require_ray()
+    engine_gpus = _gpus(config)
     progress(f"loading {config.model}")
     model, _, _ = load(config.model, config.cache_dir)
     base = {name: p.detach() for name, p in model.named_parameters()}
@@ -154,6 +157,7 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
     if started:
         ray.init(
             num_cpus=config.engines,
+            num_gpus=math.ceil(engine_gpus * config.engines),
             object_store_memory=config.object_store_mib * 2**20,
             include_dashboard=False,
             log_to_driver=False,
@@ -162,10 +166,9 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
     actors: list[Any] = []
     try:
         progress(f"starting {config.engines} engine processes")
-        cuda = resolve_device(config.device).type == "cuda"
-        remote = ray.remote(BenchEngine).options(num_cpus=1, num_gpus=1 if cuda else 0)
-        # Ray gives each actor its own GPU as its only visible one: "cuda" there is that GPU.
-        device = "cuda" if cuda else "cpu"
+        remote = ray.remote(BenchEngine).options(num_cpus=1, num_gpus=engine_gpus)
+        # Ray shows each actor its own GPUs only: "cuda" there is the one it was given.
+        device = "cuda" if engine_gpus else "cpu"
         actors = [
             remote.remote(config.model, config.cache_dir, config.kv_cache_mib, device)
             for _ in range(config.engines)
@@ -249,6 +252,23 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
         "cores": os.cpu_count(),
         "loadavg": [round(load_before, 2), round(load_after, 2)],
     }
+
+
+def _gpus(config: SyncBenchConfig) -> float:
+    """GPUs per engine actor. NCCL needs a GPU per rank: the engines get the first ones, the sender (this
+    process) the last. Over gloo, fewer GPUs than engines are shared."""
+    if resolve_device(config.device).type != "cuda":
+        return 0.0
+    count = torch.cuda.device_count()
+    if config.backend == "nccl":
+        if count < config.engines + 1:
+            raise ConfigError(
+                f"bench-sync backend = 'nccl' needs {config.engines + 1} GPUs (one per engine, one for the "
+                f"sender: NCCL refuses two ranks on one GPU), this machine has {count}; use --backend gloo"
+            )
+        torch.cuda.set_device(count - 1)
+        return 1.0
+    return min(1.0, count / config.engines)
 
 
 def _check(states: list[tuple[int, float]], version: int, probe: torch.Tensor, path: str) -> None:
