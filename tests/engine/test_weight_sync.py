@@ -375,12 +375,23 @@ def test_backend_names_are_parsed_to_the_enum() -> None:
     assert WeightSyncConfig(backend="gloo").sync_backend is SyncBackend.GLOO
 
 
-def test_a_non_float_tensor_is_refused_by_the_sender_before_anything_is_posted() -> None:
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        (
+            {"w": torch.zeros(2, dtype=torch.int64)},
+            r"parameter 'w': expected a floating-point tensor, got torch.int64",
+        ),
+        ({"w": [0.0, 1.0]}, r"parameter 'w': expected a floating-point tensor, got list"),
+        ({}, r"needs at least one named tensor; got none"),
+    ],
+)
+def test_a_bad_update_is_refused_by_the_sender_before_anything_is_posted(
+    tensors: dict[str, Any], message: str
+) -> None:
     sender = WeightSender(WeightSyncConfig(num_engines=1, timeout_s=1.0))
-    with pytest.raises(
-        WeightUpdateError, match=r"parameter 'w': expected a floating-point tensor, got torch.int64"
-    ):
-        sender.send({"w": torch.zeros(2, dtype=torch.int64)}, 1)
+    with pytest.raises(WeightUpdateError, match=message):
+        sender.send(tensors, 1)
 
 
 @pytest.mark.parametrize("rank", [0, 3, True])

@@ -209,6 +209,8 @@ class WeightSender:
         under `wait`: see `wait_applied`). A refused update raises `WeightSyncError` and changes nothing."""
         start = time.perf_counter()
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        if not items:
+            raise WeightUpdateError("a weight update needs at least one named tensor; got none")
         for name, tensor in items:
             if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
                 kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
