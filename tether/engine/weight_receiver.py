@@ -105,6 +105,8 @@ class WeightReceiver:
         sender refused it or closed the group. Waits up to `timeout_s` (default: the group's timeout)."""
         if self._thread.is_alive():
             raise WeightSyncError(f"weight sync rank {self.rank}: its thread already takes every message")
+        if self.closed:
+            return None
         wait_s = self.config.timeout_s if timeout_s is None else timeout_s
         message = self._next(time.monotonic() + wait_s)
         if message is None:

@@ -54,7 +54,8 @@ class SyncBenchConfig:
     """`nccl` needs CUDA engines and one GPU per rank (the sender's included): NCCL refuses two ranks on
     one device."""
     device: str = "cpu"
-    """The engines' device (`cuda`: one GPU per engine actor); the sender's tensors start on the CPU."""
+    """The engines' device (`cuda`: a GPU per engine actor where there are enough, else shared over
+    gloo); the sender's tensors start on the CPU, as a learner's do on every path but the collective."""
     kv_cache_mib: int = 16
     """Each engine's KV cache: the engines only take weights here."""
     object_store_mib: int = 2048
