@@ -1,4 +1,5 @@
-"""`tether rl`: RL tools beside `tether train`; `tether rl bench` times GRPO steps against TRL.
+"""`tether rl`: RL tools beside `tether train`; `tether rl bench` times GRPO steps against TRL, `tether rl
+bench-sync` the paths that bring new weights to engine processes.
 
 The benchmark prints one JSON object on stdout (with --json) or a table, progress goes to stderr, and
 the result is always written to a JSON file as well. Whatever the libraries it drives print (TRL and
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +22,7 @@ from rich.table import Table
 
 from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
 
-app = typer.Typer(help="RL tools: the training-step benchmark (training itself: tether train).")
+app = typer.Typer(help="RL tools: the training-step and weight-sync benchmarks (training: tether train).")
 
 
 def bench_table(result: dict[str, Any]) -> Table:
@@ -95,4 +97,73 @@ def bench_command(
         return
     console = Console()
     console.print(bench_table(result))
+    console.print(f"result written to {path}")
+
+
+def sync_table(result: dict[str, Any]) -> Table:
+    size = f"{result['bytes'] / 2**20:.0f} MiB"
+    table = Table(title=f"rl bench-sync: {result['model']} ({size}) to {result['engines']} engines")
+    for column in ("path", "median s", "each s"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    for name, seconds in result["seconds"].items():
+        table.add_row(name, f"{result[f'{name}_s']:.2f}", " ".join(f"{s:.2f}" for s in seconds))
+    table.caption = f"collective_speedup_vs_object_store {result['collective_speedup_vs_object_store']:.2f}"
+    return table
+
+
+@app.command("bench-sync")
+def bench_sync_command(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", help="Registered model name or HF folder.")] = (
+        "smollm2-135m-instruct"
+    ),
+    engines: Annotated[int, typer.Option("--engines", help="Engine processes that take each version.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", help="Measured versions per path (median).")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Versions per path left out of the figures.")] = 1,
+    bucket_mib: Annotated[float, typer.Option("--bucket-mib", help="Most MiB per broadcast.")] = 64.0,
+    backend: Annotated[
+        str, typer.Option("--backend", help="Collective backend: gloo, or nccl (a GPU per rank).")
+    ] = "gloo",
+    device: Annotated[str, typer.Option("--device", help="The engines' device: cpu or cuda.")] = "cpu",
+    smoke: Annotated[
+        bool, typer.Option("--smoke", help="A tiny random model and one version per path (seconds).")
+    ] = False,
+    cache_dir: CacheDirOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="JSON result file (default: runs/rl-bench-sync-<time>.json)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
+) -> None:
+    """Median seconds to bring new weights to engine processes: Ray's object store, a safetensors folder
+    and the collective broadcast, on the same engines in the same run."""
+    with user_errors(), tempfile.TemporaryDirectory(prefix="tether-bench-sync-model-") as folder:
+        from tether.rl.sync_bench import SyncBenchConfig, run_sync_bench, smoke_config
+
+        config = (
+            smoke_config(Path(folder))
+            if smoke
+            else SyncBenchConfig(
+                model=model,
+                cache_dir=cache_root(ctx, cache_dir),
+                engines=engines,
+                repeats=repeats,
+                warmup=warmup,
+                bucket_mib=bucket_mib,
+                backend=backend,
+                device=device,
+            )
+        )
+        with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):
+            result = run_sync_bench(config, report)
+    path = out or Path("runs") / f"rl-bench-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+        return
+    console = Console()
+    console.print(sync_table(result))
     console.print(f"result written to {path}")

@@ -256,13 +256,20 @@ class AsyncEngine:
         """Hand new weights to the engine thread; returns their version once the engine has applied them
         (under `wait`, after the requests admitted before them). The tensors must not change until then.
         A bad update raises the engine's `WeightUpdateError` and changes nothing."""
+        return await asyncio.wrap_future(self.submit_weights(named_tensors, version))
+
+    def submit_weights(
+        self, named_tensors: NamedTensors, version: int | None = None
+    ) -> concurrent.futures.Future[int]:
+        """`update_weights` for callers without an event loop (a weight-sync thread): the future resolves
+        to the version once applied, or to the engine's `WeightUpdateError`."""
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._lock:
             if self._thread is None or self._closing or self._stopping.is_set():
                 raise EngineStoppedError("the engine is not running") from self.error
             self._inbox.put(_Update(items, version, done))
-        return await asyncio.wrap_future(done)
+        return done
 
     # engine thread
 
