@@ -145,7 +145,7 @@ def version_weights(base: dict[str, torch.Tensor], version: int) -> dict[str, to
 def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None) -> dict[str, Any]:
     """Time every path on the same engines, alternating; the JSON-ready result."""
     from tether.models import load
-    from tether.rl.backends import SafetensorsDirTransport
+    from tether.rl.servers import SafetensorsDirTransport
     from tether.rl.ray_backend import require_ray
 
     ray = require_ray()
