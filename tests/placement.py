@@ -17,8 +17,8 @@ class Placement:
 
     @property
     def exact(self) -> bool:
-        """float32 on the CPU, where the engine's paths agree bit for bit (the C kernel, batch-invariant
-        projections); elsewhere results agree to the dtype's precision."""
+        """float32 on the CPU, where the engine's paths agree bit for bit whatever the batch (the C attention
+        kernel and oneDNN's packed projections compute each row alone); elsewhere to the dtype's rounding."""
         return self.device == "cpu" and self.dtype == "float32"
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tether
+from tether.engine import sampling
 from tether.engine.sampling import SamplingParams, draw, probabilities, sample, sample_rows, uniform
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -59,7 +60,7 @@ def test_a_draw_at_the_top_of_the_unit_interval_stays_on_a_token_of_positive_wei
     largest_below_one = torch.nextafter(
         torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     )
-    monkeypatch.setattr(tether.engine.sampling, "uniform", lambda generator, device: largest_below_one)
+    monkeypatch.setattr(sampling, "uniform", lambda generator, device: largest_below_one)
     assert draw(torch.tensor([0.3, 0.7, 0.0, 0.0]), None) == 1
 
 
