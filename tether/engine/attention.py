@@ -5,8 +5,8 @@ into one padded batch and masked by length, so a step with many sequences makes 
 layer. What that call needs (padded block tables, lengths, mask) depends only on the step, not the layer,
 so `AttentionMetadata.build` prepares it once. A multi-token chunk (a prefill, or a speculative
 verification) is handled on its own: causal (SDPA's `is_causal`, no mask) when nothing is cached, else
-with a causal mask offset by its cached length. Grouped-query
-attention never copies K/V per query head: the query heads of a group are folded into the query axis.
+with a causal mask offset by its cached length. Decode attention never copies K/V per query head: the
+query heads of a group are folded into the query axis (a CUDA chunk repeats them, see `chunk_torch`).
 On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that reads K/V
 straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
 row at a time, so a token's attention does not depend on its batch): its AVX2 path where the CPU has AVX2
@@ -202,9 +202,9 @@ def chunk_torch(
     values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
     groups = q.shape[1] // keys.shape[1]
     if q.device.type != "cpu" and groups > 1:
-        # CUDA's memory-efficient kernel (the one float32 gets) takes no grouped K/V (`enable_gqa` works
-        # with flash and math only): one chunk's K/V repeated per query head costs far less than math's
-        # [heads, Q, K] scores.
+        # CUDA's memory-efficient kernel (float32's, and half types' where flash declines a shape) takes
+        # no grouped K/V: `enable_gqa` works with flash and math only. One chunk's K/V repeated per query
+        # head costs far less than the math kernel's [heads, Q, K] scores.
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     attended = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],  # [1, heads, Q, head_dim]
