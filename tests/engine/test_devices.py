@@ -15,6 +15,7 @@ from tether.engine.attention import AttentionKernel, kernel_for
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import SequenceChunk
 from tether.engine.sampling import SamplingParams
+from tether.engine.speculative import SpeculativeConfig
 from tether.models import load
 from tether.models.precision import DType
 
@@ -38,13 +39,16 @@ def tiny_path(tiny_model: Callable[[str], Path]) -> Path:
     return tiny_model("qwen3")
 
 
-def make_engine(path: Path, placement: Placement, seed: int = 0) -> LLMEngine:
+def make_engine(
+    path: Path, placement: Placement, seed: int = 0, speculative: SpeculativeConfig | None = None
+) -> LLMEngine:
     engine, _ = LLMEngine.from_pretrained(
         path,
         kv_cache_mib=1,
         device=placement.device,
         dtype=DType.parse(placement.dtype).torch,
         seed=seed,
+        speculative=speculative,
         block_size=BLOCK,
         max_num_seqs=8,
         max_num_batched_tokens=16,  # prompts are prefilled in chunks, some over cached tokens
@@ -113,6 +117,20 @@ def test_seeded_sampling_repeats_and_reports_the_models_logprobs(
         for completion in output.completions:
             expected = recomputed(engine, prompt, completion.token_ids, SAMPLED.temperature)
             assert completion.logprobs == pytest.approx(expected, abs=tolerance)
+
+
+def test_speculative_sampling_draws_with_the_requests_generators(
+    tiny_path: Path, placement: Placement
+) -> None:
+    """Drafts are verified on the CPU (a few rows) with generators on the placement's device."""
+    repetitive = [[7, 8, 9, 10] * 4, [3, 4, 5] * 5]
+    speculative = SpeculativeConfig(num_speculative_tokens=3)
+    runs = [
+        make_engine(tiny_path, placement, speculative=speculative).generate(repetitive, SAMPLED) for _ in "ab"
+    ]
+    tokens = [[[c.token_ids for c in o.completions] for o in outputs] for outputs in runs]
+    assert tokens[0] == tokens[1]
+    assert all(len(c.token_ids) == SAMPLED.max_tokens for o in runs[0] for c in o.completions)
 
 
 def test_a_weight_update_serves_exactly_the_new_weights(tiny_path: Path, placement: Placement) -> None:
