@@ -125,9 +125,9 @@ def test_speculative_sampling_draws_with_the_requests_generators(
     """Drafts are verified on the CPU (a few rows) with generators on the placement's device."""
     repetitive = [[7, 8, 9, 10] * 4, [3, 4, 5] * 5]
     speculative = SpeculativeConfig(num_speculative_tokens=3)
-    runs = [
-        make_engine(tiny_path, placement, speculative=speculative).generate(repetitive, SAMPLED) for _ in "ab"
-    ]
+    engines = [make_engine(tiny_path, placement, speculative=speculative) for _ in range(2)]
+    runs = [engine.generate(repetitive, SAMPLED) for engine in engines]
+    assert engines[0].spec_stats.num_drafted_tokens > 0
     tokens = [[[c.token_ids for c in o.completions] for o in outputs] for outputs in runs]
     assert tokens[0] == tokens[1]
     assert all(len(c.token_ids) == SAMPLED.max_tokens for o in runs[0] for c in o.completions)
