@@ -181,18 +181,23 @@ wait "$SERVER" 2>/dev/null
 [ -f "$OUT/steps/serve_client" ] && record serve "$(cat "$OUT/steps/serve")" "$(cat "$OUT/steps/serve_client")" &&
   rm "$OUT/steps/serve_client"
 
-# 5. Greedy parity with transformers on the device: float32 token for token, bfloat16 reported.
+# The half type of steps 5 and 6: bfloat16 on the GPU. A CPU rehearsal keeps to float32: the learner
+# takes bfloat16 only on CUDA, and transformers' bfloat16 generate takes minutes on a CPU.
+HALF=$([ "$DEVICE" = cuda ] && echo bfloat16 || echo float32)
+export HALF
+
+# 5. Greedy parity with transformers on the device: float32 token for token, $HALF reported.
 parity() {
-  "$PY" - "$FOLDER" "$DEVICE" "$OUT/steps/parity_figures" <<'EOF'
+  "$PY" - "$FOLDER" "$DEVICE" "$OUT/steps/parity_figures" "$HALF" <<'EOF'
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"
 import torch
 from transformers import AutoModelForCausalLM
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
-folder, device, target = sys.argv[1], sys.argv[2], sys.argv[3]
+folder, device, target, half = sys.argv[1:5]
 figures = {}
-for dtype in (torch.float32, torch.bfloat16):
+for dtype in dict.fromkeys((torch.float32, getattr(torch, half))):
     engine, tokenizer = LLMEngine.from_pretrained(folder, device=device, dtype=dtype, kv_cache_mib=256)
     prompts = [
         [int(t) for t in tokenizer.apply_chat_template([{"role": "user", "content": text}],
@@ -226,12 +231,12 @@ run parity 150 bash -c parity
 [ -f "$OUT/steps/parity_figures" ] && record parity "$(cat "$OUT/steps/parity")" "$(cat "$OUT/steps/parity_figures")" &&
   rm "$OUT/steps/parity_figures"
 
-# 6. Two GRPO steps of SmolLM2 on the device in bfloat16 (small shapes: this checks the path, not speed).
+# 6. Two GRPO steps of SmolLM2 on the device in $HALF (small shapes: this checks the path, not speed).
 cat >"$OUT/train.toml" <<EOF
 [model]
 name = "$MODEL"
 device = "$DEVICE"
-dtype = "bfloat16"
+dtype = "$HALF"
 kv_cache_mib = 512
 
 [envs.weights]
@@ -253,7 +258,8 @@ steps = 2
 checkpoint_every = 2
 EOF
 run train 200 "$TETHER" train --config "$OUT/train.toml"
-steps=$(wc -l <"$OUT/runs/gpu-check/metrics.jsonl" 2>/dev/null || echo 0)
+metrics=$OUT/runs/gpu-check/metrics.jsonl
+steps=$([ -f "$metrics" ] && wc -l <"$metrics" || echo 0)
 record train "$(cat "$OUT/steps/train")" "steps_done=$steps"
 if [ "$GPUS" -ge 2 ] && "$PY" -c "from tether.rl.config import TrainConfig; assert 'learner' in TrainConfig.model_fields" 2>/dev/null; then
   sed -e 's/name = "gpu-check"/name = "gpu-check-fsdp"/' "$OUT/train.toml" >"$OUT/train-fsdp.toml"
