@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.placement import PLACEMENTS, Placement
+
 
 def services_disabled() -> bool:
     return os.environ.get("TETHER_NO_SERVICES") == "1"
@@ -31,3 +33,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
         return made[architecture]
 
     return get
+
+
+@pytest.fixture(params=PLACEMENTS)
+def placement(request: pytest.FixtureRequest) -> Placement:
+    """One of `PLACEMENTS`; a CUDA one is skipped on a machine without CUDA."""
+    chosen: Placement = request.param
+    if chosen.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+    return chosen

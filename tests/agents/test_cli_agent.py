@@ -259,7 +259,9 @@ def test_agent_run_loads_the_model_before_the_timeline_starts(
 ) -> None:
     script = write_script(tmp_path / "s.jsonl", steps=1)
 
-    def loading_model(model: str | None, base_url: str | None, cache_dir: Path) -> ScriptedModel:
+    def loading_model(
+        model: str | None, base_url: str | None, cache_dir: Path, **engine: str
+    ) -> ScriptedModel:
         print("Loading weights: 100%|##########| 103/103")  # what an engine's loading prints
         return ScriptedModel(script)
 

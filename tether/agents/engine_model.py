@@ -15,16 +15,30 @@ from tether.agents.model import OpenAIChatModel
 
 
 class EngineModel(OpenAIChatModel):
-    def __init__(self, name: str, cache_dir: Path, kv_cache_mib: int = 256) -> None:
+    def __init__(
+        self,
+        name: str,
+        cache_dir: Path,
+        kv_cache_mib: int = 256,
+        device: str = "auto",
+        dtype: str = "float32",
+    ) -> None:
+        """`device` and `dtype` as `tether.models.precision` spells them, checked before anything loads."""
         from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
         from tether.engine.llm_engine import LLMEngine
         from tether.engine.server import create_app
         from tether.models import configure_threads
         from tether.models.cache import pull
+        from tether.models.precision import DType, resolve_device
 
-        configure_threads()
+        where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+        on_cpu = where.type == "cpu"
+        if on_cpu:  # CPU threads matter only where the model computes on them
+            configure_threads()
         folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
-        engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=kv_cache_mib, adapt_threads=True)
+        engine, tokenizer = LLMEngine.from_pretrained(
+            folder, kv_cache_mib=kv_cache_mib, device=where, dtype=kind.torch, adapt_threads=on_cpu
+        )
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
         app = create_app(self._engine, tokenizer, name)
         self._engine.start()

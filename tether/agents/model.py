@@ -203,9 +203,15 @@ class OpenAIChatModel:
 
 
 def open_model(
-    model: str | None, base_url: str | None, cache_dir: Path, native_tools: bool = False
+    model: str | None,
+    base_url: str | None,
+    cache_dir: Path,
+    native_tools: bool = False,
+    device: str = "auto",
+    dtype: str = "float32",
 ) -> ChatModel:
-    """`scripted:FILE`, a server at `base_url` (model names what to ask it for), or an engine in process."""
+    """`scripted:FILE`, a server at `base_url` (model names what to ask it for), or an engine in process
+    on `device` in `dtype` (`tether.models.precision`; the other two ignore them)."""
     if model and model.startswith("scripted:"):
         if base_url:
             raise ConfigError("--model scripted:FILE replays a file; do not also give --base-url")
@@ -216,4 +222,4 @@ def open_model(
         raise ConfigError("no model: give --model NAME, --model scripted:FILE or --base-url URL")
     from tether.agents.engine_model import EngineModel
 
-    return EngineModel(model, cache_dir)
+    return EngineModel(model, cache_dir, device=device, dtype=dtype)

@@ -20,7 +20,15 @@ from tether.agents.replay import spent_budget
 from tether.agents.roles import select_roles
 from tether.agents.task import TaskSpec, build_task_spec, load_task_file
 from tether.agents.timeline import task_line, timeline_lines
-from tether.cli.common import CliState, err_console, print_json, state, user_errors
+from tether.cli.common import (
+    CliState,
+    DeviceOption,
+    DTypeOption,
+    err_console,
+    print_json,
+    state,
+    user_errors,
+)
 from tether.cli.worker import (
     ArtifactsOption,
     BaseUrlOption,
@@ -144,13 +152,13 @@ async def _follow(journal: Journal, task_id: str, printed: dict[int, int], poll_
         await asyncio.sleep(poll_s)
 
 
-def _open_model(cli: CliState, model: str | None, base_url: str | None) -> ChatModel:
+def _open_model(cli: CliState, model: str | None, base_url: str | None, device: str, dtype: str) -> ChatModel:
     """Loaded before the timeline starts, so whatever loading prints comes before it, not inside it."""
     if base_url is None and model is not None and not model.startswith("scripted:"):
         err_console.print(f"loading model {model} ...", highlight=False, soft_wrap=True)
     from tether.agents.model import open_model
 
-    return open_model(model, base_url, cli.settings().cache_dir)
+    return open_model(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
 
 
 def _stopped_line(task: TaskRecord, steps: list[StepRecord]) -> str:
@@ -223,6 +231,8 @@ def run_command(
     roles: RolesOption = None,
     model: ModelOption = "smollm2-135m-instruct",
     base_url: BaseUrlOption = None,
+    device: DeviceOption = "auto",
+    dtype: DTypeOption = "float32",
     max_steps: MaxStepsOption = None,
     require_finish: RequireFinishOption = True,
     task_file: TaskFileOption = None,
@@ -241,7 +251,7 @@ def run_command(
     with user_errors():
         config = _config(ctx, Locations(home, store, bus, bus_name, artifacts, table_prefix))
         spec = _spec(goal, roles, max_steps, file, require_finish, task_file)
-        chat_model = _open_model(cli, model, base_url)
+        chat_model = _open_model(cli, model, base_url, device, dtype)
         task_id = asyncio.run(_submit(config, spec))
         console.print(
             f"task {task_id} submitted; resume it with `tether agent resume {task_id}`", highlight=False
@@ -451,6 +461,8 @@ def resume_command(
     ] = False,
     model: ModelOption = "smollm2-135m-instruct",
     base_url: BaseUrlOption = None,
+    device: DeviceOption = "auto",
+    dtype: DTypeOption = "float32",
     home: HomeOption = None,
     store: StoreOption = None,
     bus: BusOption = None,
@@ -477,7 +489,7 @@ def resume_command(
                 "again at once). Submit the goal again with a larger budget or other settings "
                 "(--max-steps, or limits and loop in a --task-file)"
             )
-        chat_model = _open_model(cli, model, base_url) if run else None
+        chat_model = _open_model(cli, model, base_url, device, dtype) if run else None
         asyncio.run(_resume(config, task_id))
         print(task_id, flush=True)  # before the notes on stderr, even when both go to one log
         if chat_model is None:

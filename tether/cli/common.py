@@ -57,6 +57,16 @@ CacheDirOption = Annotated[
 ]
 
 
+# tether's own engine (serve, eval, the agents'): spelt as `[model] device` / `dtype` of `tether train`,
+# checked by `tether.models.precision` in the command, before any model loads.
+DeviceOption = Annotated[
+    str, typer.Option("--device", help="Where the engine runs: auto (CUDA where present), cpu, cuda, cuda:N.")
+]
+DTypeOption = Annotated[
+    str, typer.Option("--dtype", help="The engine's weights and KV cache: float32, bfloat16 or float16.")
+]
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn errors a user can cause into one clear message and a non-zero exit."""

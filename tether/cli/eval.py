@@ -12,13 +12,22 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import counted_lines, err_console, fail, pool_config, print_json, state, user_errors
+from tether.cli.common import (
+    DeviceOption,
+    DTypeOption,
+    counted_lines,
+    err_console,
+    pool_config,
+    print_json,
+    state,
+    user_errors,
+)
 from tether.envs.base import SandboxProvider, ScoringContext
 from tether.envs.eval import (
     Backend,
@@ -32,27 +41,27 @@ from tether.envs.eval import (
 )
 from tether.envs.registry import default_registry, parse_env_spec
 
+if TYPE_CHECKING:
+    import torch
+
 console = Console()
 
 
 def _engine_backend(
     model: str,
     cache_dir: Path,
-    device: str,
+    device: torch.device,
+    dtype: torch.dtype,
     kv_cache_mib: int,
     max_tokens: int,
     temperature: float,
     seed: int,
 ) -> Backend:
-    import torch
-
     from tether.engine.llm_engine import LLMEngine
     from tether.engine.sampling import SamplingParams
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     engine, tokenizer = LLMEngine.from_pretrained(
-        model, cache_dir=cache_dir, kv_cache_mib=kv_cache_mib, device=device, seed=seed
+        model, cache_dir=cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype, seed=seed
     )
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, seed=seed if temperature > 0 else None
@@ -116,7 +125,8 @@ def eval_command(
     concurrency: Annotated[
         int, typer.Option("--concurrency", min=1, help="Episodes in flight at once.")
     ] = 64,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda (in-process engine).")] = "auto",
+    device: DeviceOption = "auto",
+    dtype: DTypeOption = "float32",
     kv_cache_mib: Annotated[
         int, typer.Option("--kv-cache-mib", min=16, help="KV cache of the engine.")
     ] = 1024,
@@ -126,9 +136,11 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
     """Run episodes through a model: per-domain mean reward, pass rate, tokens and sandbox time."""
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        fail(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     with user_errors():
+        if base_url is None:  # before the environments and the model: a typo fails at once
+            from tether.models.precision import DType, resolve_device
+
+            where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
         settings = state(ctx).settings()
         registry = default_registry()
         mixture = parse_env_spec(registry, envs)
@@ -140,7 +152,7 @@ def eval_command(
             )
         else:
             backend = _engine_backend(
-                model, settings.cache_dir, device, kv_cache_mib, max_tokens, temperature, seed
+                model, settings.cache_dir, where, kind.torch, kv_cache_mib, max_tokens, temperature, seed
             )
         provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
         out_dir.mkdir(parents=True, exist_ok=True)

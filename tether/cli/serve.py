@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from tether.cli.common import CacheDirOption, cache_root, err_console, user_errors
+from tether.cli.common import (
+    CacheDirOption,
+    DeviceOption,
+    DTypeOption,
+    cache_root,
+    err_console,
+    user_errors,
+)
 from tether.models.cache import pull
 from tether.models.registry import KNOWN_MODELS
 
@@ -28,12 +35,16 @@ def serve_command(
     max_pending_requests: Annotated[
         int, typer.Option(help="Unfinished requests accepted before new ones get HTTP 503.", min=1)
     ] = 1024,
+    device: DeviceOption = "auto",
+    dtype: DTypeOption = "float32",
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
     from tether.engine.launcher import listen, serve
+    from tether.models.precision import DType, resolve_device
 
     with user_errors():
+        where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
         folder = Path(model)
         name = folder.name
@@ -42,12 +53,14 @@ def serve_command(
             with err_console.status(f"pulling {model}") as status:
                 folder = pull(model, root, progress=lambda message: status.update(f"{model}: {message}"))
             name = model
-        err_console.print(f"serving {name} on http://{host}:{port}/v1", highlight=False)
+        err_console.print(f"serving {name} on http://{host}:{port}/v1 ({where}, {kind})", highlight=False)
         serve(
             folder,
             host=host,
             port=port,
             kv_cache_mib=kv_cache_mib,
+            device=where,
+            dtype=kind.torch,
             model_name=name,
             max_pending_requests=max_pending_requests,
             max_num_seqs=max_num_seqs,

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tether.cli.common import CliState, err_console, pool_config, state, user_errors
+from tether.cli.common import (
+    CliState,
+    DeviceOption,
+    DTypeOption,
+    err_console,
+    pool_config,
+    state,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from tether.agents.model import ChatModel
@@ -163,6 +171,8 @@ def worker_command(
     artifacts: ArtifactsOption = None,
     model: ModelOption = None,
     base_url: BaseUrlOption = None,
+    device: DeviceOption = "auto",
+    dtype: DTypeOption = "float32",
     max_in_flight: Annotated[int, typer.Option("--max-in-flight", min=1, help="Tasks run at once.")] = 2,
     visibility_timeout_s: VisibilityOption = 30.0,
     lease_s: LeaseOption = 30.0,
@@ -187,7 +197,7 @@ def worker_command(
             cli, visibility_timeout_s, lease_s
         )
 
-        chat_model = open_model(model, base_url, cli.settings().cache_dir)
+        chat_model = open_model(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
 
         async def main() -> int:
             stop = asyncio.Event()

@@ -4,8 +4,9 @@ Decoding sequences (one new token each) are attended together: their K/V are gat
 into one padded batch and masked by length, so a step with many sequences makes one attention call per
 layer. What that call needs (padded block tables, lengths, mask) depends only on the step, not the layer,
 so `AttentionMetadata.build` prepares it once. A multi-token chunk (a prefill, or a speculative
-verification) is handled on its own, with a causal mask offset by its cached length. Grouped-query
-attention never copies K/V per query head: the query heads of a group are folded into the query axis.
+verification) is handled on its own: causal (SDPA's `is_causal`, no mask) when nothing is cached, else
+with a causal mask offset by its cached length. Decode attention never copies K/V per query head: the
+query heads of a group are folded into the query axis (a CUDA chunk repeats them, see `chunk_torch`).
 On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that reads K/V
 straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
 row at a time, so a token's attention does not depend on its batch): its AVX2 path where the CPU has AVX2
@@ -87,7 +88,10 @@ class ChunkSpan:
 
     span: SequenceSpan
     table: torch.Tensor  # LongTensor of the blocks covering its context
-    mask: torch.Tensor  # BoolTensor[query_len, context_len]
+    mask: torch.Tensor | None
+    """BoolTensor[query_len, context_len], the causal mask offset by the cached tokens; None when nothing
+    is cached, where SDPA's own `is_causal` is that mask and leaves CUDA its flash/memory-efficient
+    kernels (an explicit dense mask rules flash out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,8 @@ def _decode_group(spans: list[SequenceSpan], block_size: int, device: torch.devi
 
 def _chunk_span(span: SequenceSpan, block_size: int, device: torch.device) -> ChunkSpan:
     table = torch.tensor(span.block_table[: _blocks_for(span.context_len, block_size)], dtype=torch.long)
+    if span.start == 0:
+        return ChunkSpan(span=span, table=table.to(device), mask=None)
     query_pos = torch.arange(span.start, span.context_len)
     mask = torch.arange(span.context_len)[None, :] <= query_pos[:, None]
     return ChunkSpan(span=span, table=table.to(device), mask=mask.to(device))
@@ -180,18 +186,36 @@ def paged_attention(
                 kernel,
             )
             continue
-        keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
-        values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
-        attended = F.scaled_dot_product_attention(
-            q[span.query_start : end].transpose(0, 1),  # [heads, Q, head_dim]
-            keys.transpose(0, 1),  # [kv_heads, K, head_dim]
-            values.transpose(0, 1),
-            attn_mask=chunk.mask,
-            scale=scale,
-            enable_gqa=kv_heads != q.shape[1],
+        out[span.query_start : end] = chunk_torch(
+            q[span.query_start : end], key_cache, value_cache, chunk, scale
         )
-        out[span.query_start : end] = attended.transpose(0, 1)
     return out
+
+
+def chunk_torch(
+    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, chunk: ChunkSpan, scale: float
+) -> torch.Tensor:
+    """Attention of a multi-token chunk's queries ([Q, heads, head_dim]) over its cached context, through
+    SDPA as [1, heads, Q, head_dim]: the 4-d layout CUDA's flash and memory-efficient kernels take."""
+    span = chunk.span
+    keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
+    values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
+    groups = q.shape[1] // keys.shape[1]
+    if q.device.type != "cpu" and groups > 1:
+        # CUDA's memory-efficient kernel (float32's, and half types' where flash declines a shape) takes
+        # no grouped K/V: `enable_gqa` works with flash and math only. One chunk's K/V repeated per query
+        # head costs far less than the math kernel's [heads, Q, K] scores.
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    attended = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],  # [1, heads, Q, head_dim]
+        keys.transpose(0, 1)[None],  # [1, kv_heads (or heads), K, head_dim]
+        values.transpose(0, 1)[None],
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
+        scale=scale,
+        enable_gqa=keys.shape[1] != q.shape[1],
+    )
+    return attended[0].transpose(0, 1)
 
 
 def decode_torch(

@@ -10,6 +10,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
 from tether.engine.server import create_app
 from tether.errors import ConfigError
@@ -38,6 +40,8 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     kv_cache_mib: int = 256,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
     model_name: str | None = None,
     max_pending_requests: int = 1024,
     log_level: str = "info",
@@ -45,7 +49,7 @@ def serve(
     **engine_options: Any,
 ) -> None:
     """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
-    registered name), then serve it with uvicorn until interrupted."""
+    registered name) on `device` in `dtype`, then serve it with uvicorn until interrupted."""
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
@@ -53,9 +57,12 @@ def serve(
 
     sock = listener or listen(host, port)
     with sock:
-        configure_threads()
-        engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
-        engine, tokenizer = LLMEngine.from_pretrained(model, kv_cache_mib=kv_cache_mib, **engine_options)
+        if torch.device(device).type == "cpu":  # CPU threads matter only where the model computes on them
+            configure_threads()
+            engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
+        engine, tokenizer = LLMEngine.from_pretrained(
+            model, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype, **engine_options
+        )
         async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
         app = create_app(async_engine, tokenizer, model_name or Path(model).name)
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)

@@ -133,7 +133,7 @@ class LLMEngine:
         self._num_recomputed = 0
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
-        self._seed = torch.Generator().manual_seed(seed)
+        self._seed = torch.Generator().manual_seed(seed)  # draws only the requests' seeds, on the CPU
         self.speculative = speculative
         self.spec_stats = SpeculativeStats()
         self._proposer: Proposer | None = None
@@ -227,8 +227,12 @@ class LLMEngine:
         n = request.params.n
         request.output.completions[:] = [Completion(i) for i in range(n)]
         request.seq_index = {seq.seq_id: 0}
+        # On the device the logits come out on: the draw then stays there (`sampling.draw`), and the same
+        # seeds restart a request (abort_and_retry) with the same tokens.
+        device = self.runner.device
         request.generators = [
-            None if request.params.greedy else torch.Generator().manual_seed(seed) for seed in request.seeds
+            None if request.params.greedy else torch.Generator(device=device).manual_seed(seed)
+            for seed in request.seeds
         ]
         request.detokenizers = (
             None if self.detokenize is None else [IncrementalDetokenizer(self.detokenize) for _ in range(n)]

@@ -3,6 +3,10 @@
 The logprob reported for a token is under the temperature-scaled model distribution, before top-k,
 top-p and min-p truncation: the quantity a learner recomputes from the same weights (with greedy
 decoding, temperature 1). Truncation only decides which tokens may be drawn.
+
+A draw takes its uniform from the request's generator on the generator's own device and inverts the
+distribution's CDF on the logits' device (`draw`), so a generator on another device than the logits
+(`torch.multinomial` refuses that) still samples, and one seed gives one token stream on a device.
 """
 
 from __future__ import annotations
@@ -102,5 +106,27 @@ def sample(
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
     logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
-    token = int(torch.multinomial(probabilities(logits[None], params)[0], 1, generator=generator))
+    token = draw(probabilities(logits[None], params)[0], generator)
     return token, float(logprobs[token])
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One float64 draw from [0, 1), made by `generator` on its own device (torch's global one on
+    `device` when None) and returned as a [1] tensor on `device`."""
+    where = device if generator is None else generator.device
+    return torch.rand((1,), generator=generator, device=where, dtype=torch.float64).to(device)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """An index of a [vocab] distribution (weights >= 0, not all zero; need not sum to 1), drawn by
+    inverting its CDF at a `uniform` from `generator`, whatever device the generator is on. The CDF is
+    float64: a token's chance of being drawn is its weight to about 1e-16, and a zero-weight token,
+    whose CDF step is empty, is never drawn."""
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[-1:]
+    # u * total may round up to total when u is within an ulp of 1: below it, the draw stays on a
+    # token of positive weight (the first whose CDF exceeds u).
+    point = torch.minimum(
+        uniform(generator, probs.device) * total, torch.nextafter(total, total.new_zeros(1))
+    )
+    return int(torch.searchsorted(cdf, point, right=True)[0])

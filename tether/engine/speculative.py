@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.sampling import SamplingParams, probabilities
+from tether.engine.sampling import SamplingParams, draw, probabilities, uniform
 from tether.errors import ConfigError
 
 
@@ -177,16 +177,14 @@ class DraftModelProposer:
                 order.append(seq_id)
             if not chunks:
                 break
-            rows = self.runner.step(chunks).cpu()  # the requests' generators live on the CPU
+            # A few rows, read value by value here and in `verify`: one copy, not a device sync per read.
+            rows = self.runner.step(chunks).cpu()
             pending = {}
             for seq_id, chunk, row in zip(order, chunks, rows, strict=True):
                 request = by_id[seq_id]
                 self._states[seq_id].token_ids.extend(chunk.token_ids)
                 q = probabilities(row[None], request.params)[0]
-                if request.params.greedy:
-                    token = int(torch.argmax(row))
-                else:
-                    token = int(torch.multinomial(q, 1, generator=request.generator))
+                token = int(torch.argmax(row)) if request.params.greedy else draw(q, request.generator)
                 drafted[seq_id].append(token)
                 probs[seq_id].append(q)
                 if len(drafted[seq_id]) < request.num_tokens:
@@ -245,7 +243,7 @@ def verify(
     token after draft i - 1). Greedy: accept while drafts equal the argmax. Sampled: accept draft x with
     probability min(1, p(x) / q(x)), on rejection draw from max(0, p - q) normalized."""
     assert logits.shape[0] == len(draft.token_ids) + 1, "one row per draft plus one"
-    logits = logits.cpu()  # a few rows; the request's generator lives on the CPU
+    logits = logits.cpu()  # a few rows, read value by value: one copy, not a device sync per read
     logprobs = torch.log_softmax(logits if params.greedy else logits / params.temperature, dim=-1)
     p = probabilities(logits, params)
     emitted: list[int] = []
@@ -255,7 +253,7 @@ def verify(
             ok = int(torch.argmax(logits[i])) == x
         else:
             q_x = 1.0 if draft.probs is None else float(draft.probs[i, x])
-            ok = float(torch.rand((), generator=generator)) * q_x < float(p[i, x])
+            ok = float(uniform(generator, logits.device)) * q_x < float(p[i, x])
         if not ok:
             if params.greedy:
                 emitted.append(int(torch.argmax(logits[i])))
@@ -266,7 +264,7 @@ def verify(
                 residual = (p[i] - q).clamp(min=0)
                 total = float(residual.sum())
                 residual = residual / total if total > 0 else p[i]
-                emitted.append(int(torch.multinomial(residual, 1, generator=generator)))
+                emitted.append(draw(residual, generator))
             break
         emitted.append(x)
         accepted += 1
@@ -275,5 +273,5 @@ def verify(
         if params.greedy:
             emitted.append(int(torch.argmax(last)))
         else:
-            emitted.append(int(torch.multinomial(p[-1], 1, generator=generator)))
+            emitted.append(draw(p[-1], generator))
     return Verdict(emitted, [float(logprobs[i, t]) for i, t in enumerate(emitted)], accepted)
