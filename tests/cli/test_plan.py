@@ -48,6 +48,11 @@ def test_the_config_sizes_the_micro_batch_and_the_dtype(tmp_path: Path) -> None:
     assert plan["model"] == "llama-3-8b" and plan["dtype"] == "float16"
     assert plan["micro_batch_tokens"] == 2 * (50 + 2 * 100)
     assert plan["kv_cache_tokens"] == 8 * 2 * (50 + 100)  # one step: prompts_per_step x samples
+    budgeted = config.with_name("budgeted.toml")
+    budgeted.write_text(
+        config.read_text().replace("micro_batch = 4", "micro_batch = 4\nmicro_batch_tokens = 300")
+    )
+    assert _json("--config", str(budgeted), "--prompt-tokens", "50")["micro_batch_tokens"] == 250
     overridden = _json("--config", str(config), "--model", "qwen2.5-7b", "--kv-cache-tokens", "7")
     assert overridden["model"] == "qwen2.5-7b" and overridden["kv_cache_tokens"] == 7
 

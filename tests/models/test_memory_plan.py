@@ -113,6 +113,10 @@ def test_the_micro_batch_is_formed_as_the_learner_forms_it() -> None:
     assert MicroBatch.of(8, 4, 100, 50) == MicroBatch(2, 4, 100, 50)
     assert MicroBatch.of(8, 16, 100, 50) == MicroBatch(1, 8, 100, 50)  # a large group is split
     assert MicroBatch(2, 4, 100, 50).tokens == 2 * (100 + 4 * 50)
+    assert MicroBatch.of(8, 4, 100, 50, max_tokens=600) == MicroBatch(2, 4, 100, 50)
+    assert MicroBatch.of(8, 4, 100, 50, max_tokens=599) == MicroBatch(1, 4, 100, 50)
+    assert MicroBatch.of(8, 4, 100, 50, max_tokens=250) == MicroBatch(1, 3, 100, 50)  # the group split
+    assert MicroBatch.of(8, 4, 100, 50, max_tokens=10) == MicroBatch(1, 1, 100, 50)  # one sample alone
 
 
 @pytest.mark.parametrize(

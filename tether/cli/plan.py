@@ -55,7 +55,11 @@ def build_plan(config: TrainConfig | None, options: PlanOptions) -> MemoryPlan:
         raise ConfigError(f"--strategy {options.strategy!r}: expected one of {accepted}") from None
     dtype = DType.parse(options.dtype, "--dtype") if options.dtype is not None else model.dtype
     micro_batch = MicroBatch.of(
-        optim.micro_batch, rollout.samples_per_prompt, options.prompt_tokens, rollout.max_new_tokens
+        optim.micro_batch,
+        rollout.samples_per_prompt,
+        options.prompt_tokens,
+        rollout.max_new_tokens,
+        optim.micro_batch_tokens,
     )
     # By default the engine holds one step's rollouts at once; its shared-prefix cache needs less.
     step_tokens = (

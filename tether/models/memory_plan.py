@@ -63,12 +63,21 @@ class MicroBatch:
 
     @classmethod
     def of(
-        cls, sequences: int, samples_per_prompt: int, prompt_tokens: int, completion_tokens: int
+        cls,
+        sequences: int,
+        samples_per_prompt: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        max_tokens: int | None = None,
     ) -> MicroBatch:
-        """As `learner.plan_micro_batches` forms them: a group larger than `sequences` is split, smaller
-        groups share a micro-batch up to `sequences` completions."""
+        """As `learner.plan_micro_batches` forms them: a group over `sequences` samples (or `max_tokens`
+        tokens) is split, smaller groups share a micro-batch up to both bounds."""
         samples = min(samples_per_prompt, sequences)
-        return cls(max(1, sequences // samples), samples, prompt_tokens, completion_tokens)
+        prompts = max(1, sequences // samples)
+        if max_tokens is not None:
+            samples = max(1, min(samples, (max_tokens - prompt_tokens) // completion_tokens))
+            prompts = max(1, min(prompts, max_tokens // (prompt_tokens + samples * completion_tokens)))
+        return cls(prompts, samples, prompt_tokens, completion_tokens)
 
     @property
     def tokens(self) -> int:
