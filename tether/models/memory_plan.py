@@ -15,7 +15,10 @@ The rest follows from how tether trains:
   training forward (`dense.token_logprobs`) runs one micro-batch on meta tensors, with 1 and with 2
   layers (the difference is one layer's share). With activation checkpointing a layer keeps only its
   input, and one layer's activations are live again during its recomputation. Temporaries inside a
-  single op and the backward's own buffers are not counted; nothing is sharded (data parallel).
+  single op and the backward's own buffers are not counted; nothing is sharded (data parallel). On the
+  meta device attention takes torch's math kernel, which saves its scores and the keys expanded to
+  every query head: CUDA's flash and memory-efficient kernels save less, so there the row is an upper
+  bound.
 - `engine_weights`, `kv_cache`: the rollout engine's own copy in the compute dtype and its paged KV cache
   (2 x layers x KV heads x head dim per token), on the rank when it shares the learner's device.
 
