@@ -51,8 +51,8 @@ class Strategy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
-    """The largest micro-batch the learner forms: `prompts` rows, each a prompt shared by `samples`
-    completions of `completion_tokens` (every completion at the longest it may be)."""
+    """The largest micro-batch the learner forms: `prompts` prompts packed in one row, each shared by
+    `samples` completions of `completion_tokens` (every completion at the longest it may be)."""
 
     prompts: int
     samples: int
