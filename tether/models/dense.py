@@ -159,17 +159,14 @@ class DenseBatch:
         )
 
     def attention_blocks(self) -> tuple[AttentionBlock, ...]:
-        """The documents grouped into attention calls: the documents seeing one context together (a
-        prompt's samples), the documents without a context together. Each call is padded only to its own
-        longest document, so attention holds about the sum over documents of queries x keys, where one
-        mask over a row held the row's length squared."""
-        by_context: dict[tuple[int, int, int], list[Document]] = {}
-        for document in self.documents:
-            key = (document.row, document.context_start, document.context_length)
-            by_context.setdefault(key if document.context_length else (-1, 0, 0), []).append(document)
-        return tuple(
-            _block(group, self.input_ids.shape[1], self.input_ids.device) for group in by_context.values()
-        )
+        """The documents in at most two attention calls: those without a context (prompts, unshared
+        sequences), then those with one (a prompt's samples, over its keys and their own). Each call is
+        padded only to its own longest document, so attention holds about the sum over documents of
+        queries x keys, where one mask over a row held the row's length squared."""
+        width, device = self.input_ids.shape[1], self.input_ids.device
+        plain = [d for d in self.documents if not d.context_length]
+        shared = [d for d in self.documents if d.context_length]
+        return tuple(_block(group, width, device) for group in (plain, shared) if group)
 
     def key_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys of every token, in order, as flat token indices: (LongTensor[R*T, L], lengths
@@ -199,23 +196,27 @@ class _Piece:
 
 
 def _block(documents: list[Document], width: int, device: torch.device) -> AttentionBlock:
-    context = documents[0].context_length  # the same for every document of a block
+    """Document b's keys: its context, then its own tokens (padding slots repeat its first token)."""
     lengths = torch.tensor([d.length for d in documents])
+    contexts = torch.tensor([d.context_length for d in documents])
     longest = int(lengths.max())
     slot = torch.arange(longest)
     valid = slot[None, :] < lengths[:, None]
     starts = torch.tensor([d.row * width + d.start for d in documents])
     queries = starts[:, None] + torch.where(valid, slot[None, :], 0)
-    first = documents[0]
-    context_keys = torch.arange(context) + first.row * width + first.context_start
-    keys = torch.cat((context_keys.expand(len(documents), context), queries), dim=1)
+    span = int((contexts + lengths).max())
+    j = torch.arange(span)[None, :]
+    context_starts = torch.tensor([d.row * width + d.context_start for d in documents])[:, None]
+    own = j - contexts[:, None]
+    in_own = (own >= 0) & (own < lengths[:, None])
+    keys = torch.where(
+        j < contexts[:, None], context_starts + j, starts[:, None] + torch.where(in_own, own, 0)
+    )
     mask = None
-    if context or not bool(valid.all()):
-        i, j = slot[None, :, None], torch.arange(context + longest)[None, None, :]
-        own = j - context
-        sees = (j < context) | ((own >= 0) & (own <= i))
-        mask = torch.where(valid[:, :, None], sees, j == 0)[:, None]
-        mask = mask.to(device)
+    if bool(contexts.any()) or not bool(valid.all()):
+        i = slot[None, :, None]
+        sees = (j[:, None, :] < contexts[:, None, None]) | ((own[:, None, :] >= 0) & (own[:, None, :] <= i))
+        mask = torch.where(valid[:, :, None], sees, j[:, None, :] == 0)[:, None].to(device)
     slots = valid.reshape(-1).nonzero()[:, 0]
     return AttentionBlock(queries.to(device), keys.to(device), mask, slots.to(device))
 
