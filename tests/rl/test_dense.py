@@ -244,3 +244,24 @@ def test_engine_attention_in_the_dense_forward_has_torchs_gradients(
         other = grads[1][name]
         assert grad is not None and other is not None
         assert torch.allclose(grad, other, atol=1e-5), name
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
+def test_torch_attention_over_the_blocks_gives_the_engine_kernels_values(
+    tiny_model: Callable[[str], Path], layout: str
+) -> None:
+    """Off the CPU (or in bfloat16) the forward runs the blocks through torch's SDPA: same values as the
+    engine's kernel over the key tables, padding and packing included."""
+    model, _, _ = load(tiny_model("qwen2"))
+    groups = [([5, 6, 7, 8, 9], [[10, 11, 12], [13]]), ([14, 15], [[16, 17, 18, 19], [20, 21]])]
+    sequences = [p + c for p, cs in groups for c in cs]
+    targets = [(len(p), len(p) + len(c)) for p, cs in groups for c in cs]
+    if layout == "shared":
+        batch = DenseBatch.shared_prefix(groups)
+    else:
+        batch = DenseBatch.padded(sequences) if layout == "padded" else DenseBatch.packed(sequences, 12)
+    results = []
+    for kernel in (AttentionKernel.C_PORTABLE, AttentionKernel.TORCH_SDPA):
+        with torch.no_grad(), mock.patch("tether.models.dense.kernel_for", return_value=kernel):
+            results.append(torch.cat(token_logprobs(model, batch, targets)))
+    assert torch.allclose(results[0], results[1], atol=1e-5, rtol=0), (results[0] - results[1]).abs().max()
