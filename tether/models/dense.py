@@ -4,8 +4,9 @@ It runs the model's own modules (embedding, norms, projections, rotary, MLP, hea
 precision as the paged forward the engine uses, so a learner recomputes exactly the logprobs the engine
 recorded for the same weights. Only attention differs in layout: a [rows, tokens] batch cut into documents
 (sequences padded one per row, or packed several per row; a shared prompt is a document its samples also
-see), each attending causally to its own tokens and its context, in one SDPA call per group of documents:
-memory grows with the documents' own sizes, not a row's length squared, and there is no dense row mask.
+see), each attending causally to its own tokens and its context, in two SDPA calls a layer (documents
+without a context, then those with one): memory grows with the documents' own sizes, not a row's length
+squared, and there is no dense row mask.
 On CPU in float32 the forward values come from the engine's attention kernel, every token over its own
 keys in order, and the final normalisation is the sampler's, so the logprobs equal the engine's bit for
 bit (with batch-invariant projections: see `layers.Linear`). It does not sample, cache or schedule.
@@ -141,9 +142,9 @@ class DenseBatch:
                 positions[r, column:end] = torch.arange(piece.first, piece.first + len(piece.tokens))
                 segments[r, column:end] = segment
                 columns.append((r, tuple(range(column, end))))
-                context = row[piece.context] if piece.context is not None else None
-                context_start = starts[piece.context] if piece.context is not None else 0
-                context_length = len(context.tokens) if context is not None else 0
+                context_start = context_length = 0
+                if piece.context is not None:
+                    context_start, context_length = starts[piece.context], len(row[piece.context].tokens)
                 documents.append(Document(r, column, len(piece.tokens), context_start, context_length))
                 starts.append(column)
                 column = end
