@@ -31,6 +31,7 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({**MINIMAL, "optimizer": {}}, "unknown key 'optimizer'; known keys: algorithm, envs, model"),
         ({**MINIMAL, "optim": {"learning_rate": 1}}, "unknown key 'optim.learning_rate'; known keys: beta1"),
         ({**MINIMAL, "optim": {"lr": -1}}, "optim.lr = -1: Input should be greater than 0"),
+        ({**MINIMAL, "optim": {"micro_batch_tokens": 0}}, "optim.micro_batch_tokens = 0: Input should be"),
         ({**MINIMAL, "algorithm": {"advantage": "ppo"}}, "advantage = 'ppo': Input should be 'grpo'"),
         ({**MINIMAL, "algorithm": {"aggregation": "mean"}}, "algorithm.aggregation = 'mean'"),
         ({**MINIMAL, "algorithm": {"clip_low": 1.0}}, "clip_low = 1.0: Input should be less than 1"),

@@ -33,7 +33,11 @@ SHARED = [
 
 
 def _learner(
-    folder: Path, micro_batch: int, kl_coef: float = 0.0, how: Aggregation = Aggregation.TOKEN_MEAN
+    folder: Path,
+    micro_batch: int,
+    kl_coef: float = 0.0,
+    how: Aggregation = Aggregation.TOKEN_MEAN,
+    micro_batch_tokens: int | None = None,
 ) -> Learner:
     # eps = 1 keeps Adam's first update ~ lr * gradient: float noise in near-zero gradients stays noise
     # instead of being normalised up to a full lr-sized step (which would hide a real mismatch).
@@ -41,7 +45,7 @@ def _learner(
     reference = load(folder)[0] if kl_coef > 0 else None
     return Learner(
         model,
-        OptimSection(lr=1.0, eps=1.0, micro_batch=micro_batch),
+        OptimSection(lr=1.0, eps=1.0, micro_batch=micro_batch, micro_batch_tokens=micro_batch_tokens),
         LossConfig(aggregation=how, kl_coef=kl_coef),
         total_steps=4,
         temperature=1.0,
@@ -132,6 +136,35 @@ def test_micro_batch_plan_groups_prompts_splits_large_groups_and_puts_long_rows_
     assert plan_micro_batches(samples, 2, trained) == [[[1, 5]], [[0, 2]], [[3]]]
     assert plan_micro_batches(samples, 1, trained) == [[[1]], [[0]], [[2]], [[3]], [[5]]]
     assert plan_micro_batches(samples, 4, [False] * len(samples)) == []
+
+
+def test_a_token_budget_splits_micro_batches_and_large_groups() -> None:
+    samples = [
+        Sample([1, 2, 3, 3, 3], 2, [-1.0] * 3, 1.0),  # prompt A (2 tokens) + 3
+        Sample([1, 2, 4], 2, [-1.0], 1.0),  # A + 1
+        Sample([1, 2, 5, 5], 2, [-1.0] * 2, 1.0),  # A + 2
+        Sample([7, 8, 9], 2, [-1.0], 1.0),  # prompt B (2 tokens) + 1
+    ]
+    trained = [True] * len(samples)
+    # A's three samples need 2 + 3 + 1 + 2 = 8 tokens: at 7 they are split, the prompt in both rows.
+    assert plan_micro_batches(samples, 8, trained, max_tokens=8) == [[[0, 1, 2]], [[3]]]
+    assert plan_micro_batches(samples, 8, trained, max_tokens=7) == [[[0, 1]], [[2], [3]]]
+    assert plan_micro_batches(samples, 8, trained, max_tokens=11) == [[[0, 1, 2], [3]]]
+    # A sample longer than the budget runs alone instead of being refused.
+    assert plan_micro_batches(samples, 8, trained, max_tokens=2) == [[[0]], [[2]], [[1]], [[3]]]
+    assert plan_micro_batches(samples, 8, trained, max_tokens=None) == plan_micro_batches(samples, 8, trained)
+
+
+def test_a_token_budget_gives_the_same_update(tiny_model: Callable[[str], Path]) -> None:
+    whole = _learner(tiny_model("llama"), 8)
+    budgeted = _learner(tiny_model("llama"), 8, micro_batch_tokens=6)
+    stats_whole, stats_budgeted = whole.step(SHARED), budgeted.step(SHARED)
+    assert stats_whole.loss == pytest.approx(stats_budgeted.loss, abs=1e-6)
+    assert stats_whole.max_logprob_diff == stats_budgeted.max_logprob_diff
+    for (name, a), (_, b) in zip(
+        whole.model.named_parameters(), budgeted.model.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_kl_to_the_reference_starts_at_zero_then_grows(tiny_model: Callable[[str], Path]) -> None:

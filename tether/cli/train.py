@@ -21,6 +21,7 @@ from rich.text import Text
 from tether.cli.common import fail, pool_config, state, user_errors
 
 if TYPE_CHECKING:
+    from tether.cli.plan import PlanOptions
     from tether.rl.config import TrainConfig
     from tether.rl.trainer import Metrics
 
@@ -122,8 +123,56 @@ def train_command(
             "local, or ray (actors, see [ray]); default: run.backend.",
         ),
     ] = None,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan", help="Print the per-rank memory of this run (meta device, nothing allocated); no run."
+        ),
+    ] = False,
+    plan_model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="--plan: architecture (e.g. llama-3-8b, qwen2.5-72b) or HF folder; default: model.name.",
+        ),
+    ] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="--plan: single or fsdp.")] = "single",
+    world_size: Annotated[int, typer.Option("--world-size", help="--plan: learner ranks.")] = 1,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="--plan: float32, bfloat16, float16; default: model.dtype.")
+    ] = None,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="--plan: prompt length the micro-batch is sized for.")
+    ] = 256,
+    activation_checkpointing: Annotated[
+        bool, typer.Option("--activation-checkpointing", help="--plan: recompute each layer in backward.")
+    ] = False,
+    kv_cache_tokens: Annotated[
+        int | None,
+        typer.Option("--kv-cache-tokens", help="--plan: engine KV cache size; default: one step's rollouts."),
+    ] = None,
+    engine: Annotated[
+        bool,
+        typer.Option("--engine/--no-engine", help="--plan: the rollout engine shares each rank's device."),
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="--plan: one JSON object.")] = False,
 ) -> None:
     """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""
+    if plan:
+        from tether.cli.plan import PlanOptions
+
+        options = PlanOptions(
+            plan_model,
+            strategy,
+            world_size,
+            dtype,
+            prompt_tokens,
+            activation_checkpointing,
+            kv_cache_tokens,
+            engine,
+        )
+        _print_plan(config_file, resume, options, as_json)
+        return
     if (config_file is None) == (resume is None):
         fail("give exactly one of --config FILE.toml (a new run) or --resume RUN_DIR")
     # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
@@ -157,3 +206,17 @@ def train_command(
         trainer.close()
     stopped = " (stopped early: resume with --resume)" if trainer.step < config.run.steps else ""
     console.print(f"run written to {trainer.run_dir} (step {trainer.step}/{config.run.steps}){stopped}")
+
+
+def _print_plan(config_file: Path | None, resume: Path | None, options: PlanOptions, as_json: bool) -> None:
+    """`--plan`: the config's memory per rank (no config: every section's defaults), then exit."""
+    if config_file is not None and resume is not None:
+        fail("give at most one of --config FILE.toml or --resume RUN_DIR with --plan")
+    # Imported here: torch loads only when a plan is asked for, not for `tether --help`.
+    from tether.cli.plan import build_plan, print_plan
+    from tether.rl.config import load_config
+
+    with user_errors():
+        source = config_file if config_file is not None else resume / "config.toml" if resume else None
+        config = load_config(source) if source is not None else None
+        print_plan(build_plan(config, options), as_json, console)

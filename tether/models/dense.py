@@ -2,11 +2,14 @@
 
 It runs the model's own modules (embedding, norms, projections, rotary, MLP, head) in the same order and
 precision as the paged forward the engine uses, so a learner recomputes exactly the logprobs the engine
-recorded for the same weights. Only attention differs in layout: a [rows, tokens] batch with a causal mask
-restricted to each sequence's own tokens, so sequences may be padded one per row or packed several per
-row. On CPU in float32 its values come from the engine's attention kernel, every token over its own keys
-in order, and the final normalisation is the sampler's, so the logprobs equal the engine's bit for bit
-(with batch-invariant projections: see `layers.Linear`). It does not sample, cache or schedule anything.
+recorded for the same weights. Only attention differs in layout: a [rows, tokens] batch cut into documents
+(sequences padded one per row, or packed several per row; a shared prompt is a document its samples also
+see), each attending causally to its own tokens and its context, in two SDPA calls a layer (documents
+without a context, then those with one): memory grows with the documents' own sizes, not a row's length
+squared, and there is no dense row mask.
+On CPU in float32 the forward values come from the engine's attention kernel, every token over its own
+keys in order, and the final normalisation is the sampler's, so the logprobs equal the engine's bit for
+bit (with batch-invariant projections: see `layers.Linear`). It does not sample, cache or schedule.
 """
 
 from __future__ import annotations
@@ -24,14 +27,44 @@ from tether.models.transformer import Attention, CausalLM, DecoderLayer
 
 
 @dataclass(frozen=True, slots=True)
+class Document:
+    """One sequence piece of a row: tokens `start`..`start + length - 1`, each seeing the earlier ones
+    and, first, the whole `context` span of the same row (a prompt shared by its samples; length 0: none)."""
+
+    row: int
+    start: int
+    length: int
+    context_start: int = 0
+    context_length: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBlock:
+    """Documents computed in one attention call: queries [B, Lq] and keys [B, Lk] as flat token indices,
+    `mask` [B, 1, Lq, Lk] (None: plain causal, every document of the same length and no context), `slots`
+    the flat indices into B x Lq of the real tokens (padding slots attend to their first key, then are
+    dropped; index tensors rather than a boolean mask, so that a meta-device forward can select them)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    mask: torch.Tensor | None
+    slots: torch.Tensor
+
+    @property
+    def score_elements(self) -> int:
+        """Attention scores per head this block computes (B x Lq x Lk)."""
+        return self.queries.numel() * self.keys.shape[1]
+
+
+@dataclass(frozen=True, slots=True)
 class DenseBatch:
-    """Token rows; `segments` numbers the pieces of a row from 1 (0 is padding). A token sees the earlier
-    tokens of its own segment, and all of its row's `prefix` segment (a prompt shared by its samples)."""
+    """Token rows cut into `documents`; `segments` numbers them within a row from 1 (0 is padding). A
+    token sees the earlier tokens of its own document and all of its document's context."""
 
     input_ids: torch.Tensor  # LongTensor[R, T]
     positions: torch.Tensor  # LongTensor[R, T]: position of each token within its own sequence
     segments: torch.Tensor  # LongTensor[R, T]
-    prefix: torch.Tensor  # LongTensor[R]: the segment every token of the row may see (0: none)
+    documents: tuple[Document, ...]
     # Sequence i is row columns[i][0], tokens at columns columns[i][1] in order.
     columns: tuple[tuple[int, tuple[int, ...]], ...]
 
@@ -59,95 +92,134 @@ class DenseBatch:
     @classmethod
     def _layout(cls, rows: list[list[int]], sequences: Sequence[Sequence[int]], pad_id: int) -> DenseBatch:
         _check([list(s) for s in sequences])
-        pieces = [[(list(sequences[i]), 0) for i in row] for row in rows]
-        batch = cls._build(pieces, [0] * len(rows), pad_id)
+        pieces = [[_Piece(list(sequences[i]), 0, None) for i in row] for row in rows]
+        batch = cls._build(pieces, pad_id)
         order = [i for row in rows for i in row]
         columns: list[tuple[int, tuple[int, ...]]] = [(0, ())] * len(sequences)
         for index, located in zip(order, batch.columns, strict=True):
             columns[index] = located
-        return cls(batch.input_ids, batch.positions, batch.segments, batch.prefix, tuple(columns))
+        return cls(batch.input_ids, batch.positions, batch.segments, batch.documents, tuple(columns))
 
     @classmethod
     def shared_prefix(
         cls, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], pad_id: int = 0
     ) -> DenseBatch:
-        """One row per (prefix, continuations) group: the prefix once, then each continuation attending
-        to it. Sequence order: every prefix + continuation, group by group. The prompt of n samples is
-        computed once instead of n times, and its gradient is the sum over the samples, as it should.
-        The learner's layout: a 32-sequence SmolLM2 step took 25.9 CPU-s this way against 48.9 padded."""
+        """Every (prefix, continuations) group packed into one row: each prefix once, then its
+        continuations attending to it. Sequence order: every prefix + continuation, group by group. The
+        prompt of n samples is computed once instead of n times, and its gradient is the sum over the
+        samples, as it should. The learner's layout: a 32-sequence SmolLM2 step took 25.9 CPU-s this way
+        against 48.9 padded; attention costs each document's own keys, not the row's squared length."""
         if any(not p or not cs or any(not c for c in cs) for p, cs in groups):
             raise ValueError("a shared-prefix group needs a non-empty prefix and non-empty continuations")
         _check([list(p) + list(c) for p, cs in groups for c in cs])
-        pieces = [[(list(p), 0)] + [(list(c), len(p)) for c in cs] for p, cs in groups]
-        built = cls._build(pieces, [1] * len(groups), pad_id)
+        row: list[_Piece] = []
+        for prefix, continuations in groups:
+            context = len(row)
+            row.append(_Piece(list(prefix), 0, None))
+            row.extend(_Piece(list(c), len(prefix), context) for c in continuations)
+        built = cls._build([row], pad_id)
         columns: list[tuple[int, tuple[int, ...]]] = []
-        for r, (_, continuations) in enumerate(groups):
-            located = [c for c in built.columns if c[0] == r]
-            prefix_columns = located[0][1]
-            columns.extend((r, prefix_columns + cols) for _, cols in located[1 : 1 + len(continuations)])
-        return cls(built.input_ids, built.positions, built.segments, built.prefix, tuple(columns))
+        for piece, (r, cols) in zip(row, built.columns, strict=True):
+            if piece.context is not None:
+                columns.append((r, built.columns[piece.context][1] + cols))
+        return cls(built.input_ids, built.positions, built.segments, built.documents, tuple(columns))
 
     @classmethod
-    def _build(cls, rows: list[list[tuple[list[int], int]]], prefix: list[int], pad_id: int) -> DenseBatch:
-        """Rows of (tokens, first position) pieces, one segment each; `columns` lists the pieces."""
-        width = max(sum(len(tokens) for tokens, _ in row) for row in rows)
+    def _build(cls, rows: list[list[_Piece]], pad_id: int) -> DenseBatch:
+        """Rows of pieces, one segment and one document each; `columns` lists the pieces in order."""
+        width = max(sum(len(piece.tokens) for piece in row) for row in rows)
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         positions = torch.zeros((len(rows), width), dtype=torch.long)
         segments = torch.zeros((len(rows), width), dtype=torch.long)
         columns: list[tuple[int, tuple[int, ...]]] = []
+        documents: list[Document] = []
         for r, row in enumerate(rows):
             column = 0
-            for segment, (tokens, first) in enumerate(row, start=1):
-                end = column + len(tokens)
-                ids[r, column:end] = torch.tensor(tokens, dtype=torch.long)
-                positions[r, column:end] = torch.arange(first, first + len(tokens))
+            starts: list[int] = []
+            for segment, piece in enumerate(row, start=1):
+                end = column + len(piece.tokens)
+                ids[r, column:end] = torch.tensor(piece.tokens, dtype=torch.long)
+                positions[r, column:end] = torch.arange(piece.first, piece.first + len(piece.tokens))
                 segments[r, column:end] = segment
                 columns.append((r, tuple(range(column, end))))
+                context_start = context_length = 0
+                if piece.context is not None:
+                    context_start, context_length = starts[piece.context], len(row[piece.context].tokens)
+                documents.append(Document(r, column, len(piece.tokens), context_start, context_length))
+                starts.append(column)
                 column = end
-        return cls(ids, positions, segments, torch.tensor(prefix, dtype=torch.long), tuple(columns))
+        return cls(ids, positions, segments, tuple(documents), tuple(columns))
 
     def to(self, device: torch.device | str) -> DenseBatch:
         return DenseBatch(
             self.input_ids.to(device),
             self.positions.to(device),
             self.segments.to(device),
-            self.prefix.to(device),
+            self.documents,
             self.columns,
         )
 
-    def attention_mask(self) -> torch.Tensor:
-        """BoolTensor[R, 1, T, T]: causal within each segment, plus the row's prefix segment. Padding
-        attends to itself only, so that its (ignored) rows stay finite instead of softmaxing over nothing."""
-        width = self.input_ids.shape[1]
-        seg = self.segments
-        real = seg[:, :, None] > 0
-        same = seg[:, :, None] == seg[:, None, :]
-        shared = (seg[:, None, :] == self.prefix[:, None, None]) & (self.prefix[:, None, None] > 0)
-        causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
-        eye = torch.eye(width, dtype=torch.bool, device=seg.device)
-        return ((real & (same | shared) & causal) | eye)[:, None]
+    def attention_blocks(self) -> tuple[AttentionBlock, ...]:
+        """The documents in at most two attention calls: those without a context (prompts, unshared
+        sequences), then those with one (a prompt's samples, over its keys and their own). Each call is
+        padded only to its own longest document, so attention holds about the sum over documents of
+        queries x keys, where one mask over a row held the row's length squared."""
+        width, device = self.input_ids.shape[1], self.input_ids.device
+        plain = [d for d in self.documents if not d.context_length]
+        shared = [d for d in self.documents if d.context_length]
+        return tuple(_block(group, width, device) for group in (plain, shared) if group)
 
     def key_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys of every token, in order, as flat token indices: (LongTensor[R*T, L], lengths
-        LongTensor[R*T]). The same keys as `attention_mask`: the row's prefix segment, then its own
-        segment up to itself (padding: itself only)."""
-        seg, device = self.segments, self.segments.device
-        rows, width = seg.shape
-        column = torch.arange(width, device=device).expand(rows, width)
-        starts = torch.ones_like(seg, dtype=torch.bool)
-        starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-        own_start = torch.where(starts, column, 0).cummax(dim=1).values
-        in_prefix = (seg == self.prefix[:, None]) & (self.prefix[:, None] > 0)
-        prefix_len = in_prefix.sum(dim=1)
-        prefix_start = torch.where(in_prefix, column, width).min(dim=1).values.clamp(max=width - 1)
-        seen = torch.where(in_prefix | (seg == 0), 0, prefix_len[:, None])  # prefix keys before its own
-        lengths = seen + column - own_start + 1
-        j = torch.arange(int(lengths.max()), device=device)
-        keys = torch.where(
-            j < seen[..., None], prefix_start[:, None, None] + j, own_start[..., None] + j - seen[..., None]
-        ).clamp(max=width - 1)
-        flat = keys + (torch.arange(rows, device=device) * width)[:, None, None]
-        return flat.reshape(rows * width, -1).contiguous(), lengths.reshape(-1).contiguous()
+        LongTensor[R*T]): its document's context, then its own document up to itself (padding: itself)."""
+        rows, width = self.input_ids.shape
+        lengths = torch.ones(rows * width, dtype=torch.long)
+        longest = max(d.context_length + d.length for d in self.documents)
+        keys = torch.arange(rows * width, dtype=torch.long)[:, None].repeat(1, longest)
+        for d in self.documents:
+            base = d.row * width
+            own = torch.arange(d.length)
+            seen = torch.cat((torch.arange(d.context_length) + base + d.context_start, own + base + d.start))
+            j = torch.arange(d.context_length + d.length)
+            visible = j[None, :] < d.context_length + own[:, None] + 1
+            tokens = base + d.start + own
+            keys[tokens, : len(seen)] = torch.where(visible, seen[None, :], tokens[:, None])
+            lengths[tokens] = d.context_length + own + 1
+        device = self.input_ids.device
+        return keys.to(device), lengths.to(device)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    tokens: list[int]
+    first: int  # position of its first token
+    context: int | None  # index in its row of the piece it also sees
+
+
+def _block(documents: list[Document], width: int, device: torch.device) -> AttentionBlock:
+    """Document b's keys: its context, then its own tokens (padding slots repeat its first token)."""
+    lengths = torch.tensor([d.length for d in documents])
+    contexts = torch.tensor([d.context_length for d in documents])
+    longest = int(lengths.max())
+    slot = torch.arange(longest)
+    valid = slot[None, :] < lengths[:, None]
+    starts = torch.tensor([d.row * width + d.start for d in documents])
+    queries = starts[:, None] + torch.where(valid, slot[None, :], 0)
+    span = int((contexts + lengths).max())
+    j = torch.arange(span)[None, :]
+    context_starts = torch.tensor([d.row * width + d.context_start for d in documents])[:, None]
+    own = j - contexts[:, None]
+    in_own = (own >= 0) & (own < lengths[:, None])
+    keys = torch.where(
+        j < contexts[:, None], context_starts + j, starts[:, None] + torch.where(in_own, own, 0)
+    )
+    mask = None
+    if bool(contexts.any()) or not bool(valid.all()):
+        i = slot[None, :, None]
+        sees = (j[:, None, :] < contexts[:, None, None]) | ((own[:, None, :] >= 0) & (own[:, None, :] <= i))
+        mask = torch.where(valid[:, :, None], sees, j[:, None, :] == 0)[:, None].to(device)
+    slots = valid.reshape(-1).nonzero()[:, 0]
+    return AttentionBlock(queries.to(device), keys.to(device), mask, slots.to(device))
 
 
 def _check(sequences: list[list[int]]) -> None:
@@ -156,18 +228,29 @@ def _check(sequences: list[list[int]]) -> None:
 
 
 def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    blocks: Sequence[AttentionBlock],
+    scale: float,
 ) -> torch.Tensor:
-    """Masked attention over [R*T, heads, head_dim] rows of a [R, 1, T, T] mask, torch's kernels."""
-    rows, width = mask.shape[0], mask.shape[-1]
-
-    def heads(t: torch.Tensor) -> torch.Tensor:
-        return t.view(rows, width, t.shape[1], t.shape[2]).transpose(1, 2)
-
-    out = F.scaled_dot_product_attention(
-        heads(q), heads(k), heads(v), attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
-    )
-    return out.transpose(1, 2).reshape(q.shape)
+    """Attention of flat [N, heads, head_dim] tokens, one torch SDPA call per block (a causal one where
+    the block needs no mask, which lets CUDA pick its flash kernel); padding tokens get zeros."""
+    gqa = k.shape[1] != q.shape[1]
+    targets, values = [], []
+    for block in blocks:
+        out = F.scaled_dot_product_attention(
+            q[block.queries].transpose(1, 2),
+            k[block.keys].transpose(1, 2),
+            v[block.keys].transpose(1, 2),
+            attn_mask=block.mask,
+            is_causal=block.mask is None,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        targets.append(block.queries.reshape(-1)[block.slots])
+        values.append(out.transpose(1, 2).reshape(-1, *q.shape[1:])[block.slots])
+    return q.new_zeros(q.shape).index_copy(0, torch.cat(targets), torch.cat(values))
 
 
 class _EngineAttention(torch.autograd.Function):
@@ -179,29 +262,29 @@ class _EngineAttention(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor,
+        blocks: tuple[AttentionBlock, ...],
         tables: torch.Tensor,
         lengths: torch.Tensor,
         scale: float,
         kernel: AttentionKernel,
     ) -> torch.Tensor:
-        blocks = (k.shape[0], 1, k.shape[1], k.shape[2])  # one token per block: tables name tokens
+        paged = (k.shape[0], 1, k.shape[1], k.shape[2])  # one token per cache block: tables name tokens
         return native_attention(
-            q, k.contiguous().view(blocks), v.contiguous().view(blocks), tables, lengths, scale, kernel
+            q, k.contiguous().view(paged), v.contiguous().view(paged), tables, lengths, scale, kernel
         )
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        q, k, v, mask, _, _, scale, _ = inputs
-        ctx.save_for_backward(q, k, v, mask)
+        q, k, v, blocks, _, _, scale, _ = inputs
+        ctx.save_for_backward(q, k, v)
+        ctx.blocks = blocks
         ctx.scale = scale
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        saved_q, saved_k, saved_v, mask = ctx.saved_tensors
-        q, k, v = (t.detach().requires_grad_() for t in (saved_q, saved_k, saved_v))
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
         with torch.enable_grad():
-            out = _sdpa(q, k, v, mask, ctx.scale)
+            out = _sdpa(q, k, v, ctx.blocks, ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
         return dq, dk, dv, None, None, None, None, None
 
@@ -210,10 +293,11 @@ def _attention(
     attn: Attention,
     x: torch.Tensor,
     cos_sin: tuple[torch.Tensor, torch.Tensor],
-    mask: torch.Tensor,
+    blocks: tuple[AttentionBlock, ...],
     tables: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
-    """`Attention.forward`'s computation over [R, T, hidden] with a dense mask instead of the paged cache."""
+    """`Attention.forward`'s computation over [R, T, hidden], each document over its own keys instead
+    of the paged cache."""
     rows, width, _ = x.shape
     flat = x.reshape(rows * width, -1)
     q = attn.q_proj(flat).view(rows * width, attn.num_heads, attn.head_dim)
@@ -225,9 +309,9 @@ def _attention(
     q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
     kernel = kernel_for(q, k, v)
     if tables is not None and kernel is not AttentionKernel.TORCH_SDPA:
-        out: torch.Tensor = _EngineAttention.apply(q, k, v, mask, *tables, attn.scale, kernel)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = _EngineAttention.apply(q, k, v, blocks, *tables, attn.scale, kernel)  # type: ignore[no-untyped-call]
     else:
-        out = _sdpa(q, k, v, mask, attn.scale)
+        out = _sdpa(q, k, v, blocks, attn.scale)
     projected: torch.Tensor = attn.o_proj(out.reshape(rows * width, -1))
     return projected.view(rows, width, -1)
 
@@ -237,11 +321,11 @@ def hidden_states(model: CausalLM, batch: DenseBatch) -> torch.Tensor:
     decoder = model.model
     x = decoder.embed_tokens(batch.input_ids)
     cos_sin = decoder.rotary.cos_sin(batch.positions.reshape(-1))
-    mask = batch.attention_mask()
+    blocks = batch.attention_blocks()
     tables = batch.key_tables() if x.device.type == "cpu" else None
     for layer in decoder.layers:
         assert isinstance(layer, DecoderLayer)
-        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, mask, tables)
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, blocks, tables)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out: torch.Tensor = decoder.norm(x)
     return out

@@ -250,6 +250,12 @@ class OptimSection(_Section):
     micro_batch: int = Field(
         8, ge=1, description="Sequences per forward/backward; the step accumulates over the batch."
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens per forward/backward as well (each prompt counted once, then its "
+        "completions); a single sample longer than this runs alone. Unset: micro_batch alone bounds it.",
+    )
     schedule: Schedule = Field(Schedule.CONSTANT, description="LR after warm-up: constant, linear, cosine.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr, steps.")
 

@@ -143,7 +143,7 @@ def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -
     return out.to(device)
 
 
-Row = list[int]  # indices of samples sharing one prompt: one row of the dense batch
+Row = list[int]  # indices of samples sharing one prompt: one prompt document and its completions
 
 
 def _row_tokens(samples: Sequence[Sample], row: Row) -> int:
@@ -151,27 +151,51 @@ def _row_tokens(samples: Sequence[Sample], row: Row) -> int:
     return first.completion_start + sum(len(samples[i].token_ids) - samples[i].completion_start for i in row)
 
 
-def plan_micro_batches(samples: Sequence[Sample], size: int, trained: Sequence[bool]) -> list[list[Row]]:
-    """The rows of each micro-batch: the `trained` samples grouped by prompt, at most `size` per batch.
+def _split(samples: Sequence[Sample], members: Row, size: int, max_tokens: int | None) -> list[Row]:
+    """A prompt's samples in rows of at most `size` samples and `max_tokens` tokens (a sample longer
+    than that alone), in order."""
+    rows: list[Row] = []
+    for index in members:
+        row = rows[-1] if rows else []
+        if (
+            not row
+            or len(row) == size
+            or (max_tokens is not None and _row_tokens(samples, [*row, index]) > max_tokens)
+        ):
+            rows.append([])
+        rows[-1].append(index)
+    return rows
+
+
+def plan_micro_batches(
+    samples: Sequence[Sample], size: int, trained: Sequence[bool], max_tokens: int | None = None
+) -> list[list[Row]]:
+    """The rows of each micro-batch: the `trained` samples grouped by prompt, at most `size` samples and
+    (if set) `max_tokens` tokens per batch.
 
     Samples of one prompt share a row (the prompt once, then each completion attending to it), so the n
-    samples of a GRPO group cost P + n*C tokens instead of n*(P + C); a group larger than `size` is split.
-    Rows go longest first so that rows of similar length share a micro-batch and pad less."""
+    samples of a GRPO group cost P + n*C tokens instead of n*(P + C); a group over either bound is split.
+    Rows go longest first, each into the current micro-batch while it fits, so that a token budget is
+    filled by rows of similar length."""
     assert size >= 1 and len(trained) == len(samples)
+    assert max_tokens is None or max_tokens >= 1
     groups: dict[tuple[int, ...], Row] = {}
     for index, sample in enumerate(samples):
         if trained[index]:
             groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
-    rows = [members[i : i + size] for members in groups.values() for i in range(0, len(members), size)]
+    rows = [row for members in groups.values() for row in _split(samples, members, size, max_tokens)]
     rows.sort(key=lambda row: _row_tokens(samples, row), reverse=True)
     batches: list[list[Row]] = []
     count = size  # sequences in the last batch: start a new one at the first row
+    tokens = 0  # tokens in the last batch
     for row in rows:
-        if count + len(row) > size:
+        row_tokens = _row_tokens(samples, row)
+        if count + len(row) > size or (max_tokens is not None and tokens + row_tokens > max_tokens):
             batches.append([])
-            count = 0
+            count = tokens = 0
         batches[-1].append(row)
         count += len(row)
+        tokens += row_tokens
     return batches
 
 
@@ -226,7 +250,8 @@ class Learner:
         return contextlib.nullcontext()
 
     def _logprobs(self, model: CausalLM, rows: Sequence[Sequence[Sample]]) -> list[torch.Tensor]:
-        """Completion logprobs of every sample, rows in order (each row's samples share their prompt)."""
+        """Completion logprobs of every sample, rows in order: one packed token row in which each row's
+        samples share their prompt (`DenseBatch.shared_prefix`)."""
         groups = [
             (row[0].token_ids[: row[0].completion_start], [s.token_ids[s.completion_start :] for s in row])
             for row in rows
@@ -250,7 +275,9 @@ class Learner:
         # gradient: it is left out of the forward (most groups early in a run have all-equal rewards).
         kl_on = self.reference is not None and self.loss_config.kl_coef > 0
         trained = [any(m) and (kl_on or s.advantage != 0) for s, m in zip(samples, masks, strict=True)]
-        for rows in plan_micro_batches(samples, self.config.micro_batch, trained):
+        for rows in plan_micro_batches(
+            samples, self.config.micro_batch, trained, self.config.micro_batch_tokens
+        ):
             indices = [i for row in rows for i in row]
             row_samples = [[samples[i] for i in row] for row in rows]
             chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
