@@ -19,12 +19,15 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from tether.errors import ConfigError
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.models.transformer import CausalLM
+from tether.rl.checkpoint import load_learner_state, save_learner_state
 from tether.rl.config import LoraSection, OptimSection, Schedule
 from tether.rl.lora import attach_lora, merged_weights
 from tether.rl.losses import LossConfig, Normaliser, policy_loss
@@ -250,55 +253,16 @@ class Learner:
         # gradient: it is left out of the forward (most groups early in a run have all-equal rewards).
         kl_on = self.reference is not None and self.loss_config.kl_coef > 0
         trained = [any(m) and (kl_on or s.advantage != 0) for s, m in zip(samples, masks, strict=True)]
-        for rows in plan_micro_batches(samples, self.config.micro_batch, trained):
-            indices = [i for row in rows for i in row]
-            row_samples = [[samples[i] for i in row] for row in rows]
-            chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
-            width = max(len(s.behaviour_logprobs) for s in chunk)
-            logprobs = torch.stack(
-                [
-                    torch.nn.functional.pad(lp, (0, width - len(lp)))
-                    for lp in self._logprobs(self.model, row_samples)
-                ]
-            )
-            mask = _padded([[float(x) for x in m] for m in chunk_masks], width, self.device)
-            behaviour = _padded([s.behaviour_logprobs for s in chunk], width, self.device)
-            advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=self.device)
-            reference = None
-            if self.reference is not None and self.loss_config.kl_coef > 0:
-                with torch.no_grad():
-                    reference = torch.stack(
-                        [
-                            torch.nn.functional.pad(lp, (0, width - len(lp)))
-                            for lp in self._logprobs(self.reference, row_samples)
-                        ]
-                    )
-            stale_mask = mask * torch.tensor([float(s.stale) for s in chunk], device=self.device)[:, None]
-            ratios.add(logprobs.detach(), behaviour, mask, stale_mask, self.tis_cap)
-            # Stale samples (truncated IS): the gradient of min(ratio, cap) * A * logprob, the ratio detached;
-            # their ratio to the policy being updated is 1, so the clip never binds on this single update.
-            stale = torch.tensor([s.stale for s in chunk], device=self.device)[:, None]
-            weight = torch.exp(logprobs.detach() - behaviour).clamp(max=self.tis_cap)
-            out = policy_loss(
-                logprobs,
-                torch.where(stale, logprobs.detach(), behaviour),
-                advantages[:, None] * torch.where(stale, weight, torch.ones_like(weight)),
-                mask,
-                self.loss_config,
-                norm,
-                reference,
-            )
-            torch.autograd.backward(out.loss)
-            share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
-            totals["loss"] += float(out.loss.detach())
-            totals["policy_loss"] += out.policy_loss
-            totals["kl"] += out.kl * share
-            totals["clip"] += out.clip_fraction * share
+        for rows in self._micro_batches(samples, trained):
+            self._accumulate(samples, masks, rows, norm, totals, ratios)
+        self._reduce(totals, ratios)
         for param in self.trainable.parameters():
             if param.grad is None:
                 # Skipped samples still leave a zero gradient: AdamW steps its moments as usual.
                 param.grad = torch.zeros_like(param)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), self.config.max_grad_norm)
+        if isinstance(grad_norm, DTensor):  # sharded parameters: the norm is already the global one
+            grad_norm = grad_norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -322,6 +286,67 @@ class Learner:
             skipped_sequences=len(samples) - sum(trained),
         )
 
+    def _micro_batches(self, samples: Sequence[Sample], trained: Sequence[bool]) -> list[list[Row]]:
+        """The rows of each micro-batch this process computes (here: every trained sample)."""
+        return plan_micro_batches(samples, self.config.micro_batch, trained)
+
+    def _accumulate(
+        self,
+        samples: Sequence[Sample],
+        masks: Sequence[Sequence[bool]],
+        rows: Sequence[Row],
+        norm: Normaliser,
+        totals: dict[str, float],
+        ratios: _Ratios,
+    ) -> None:
+        """Forward and backward of one micro-batch (its gradient adds to the batch's); stats added up."""
+        indices = [i for row in rows for i in row]
+        row_samples = [[samples[i] for i in row] for row in rows]
+        chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
+        width = max(len(s.behaviour_logprobs) for s in chunk)
+        logprobs = torch.stack(
+            [
+                torch.nn.functional.pad(lp, (0, width - len(lp)))
+                for lp in self._logprobs(self.model, row_samples)
+            ]
+        )
+        mask = _padded([[float(x) for x in m] for m in chunk_masks], width, self.device)
+        behaviour = _padded([s.behaviour_logprobs for s in chunk], width, self.device)
+        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=self.device)
+        reference = None
+        if self.reference is not None and self.loss_config.kl_coef > 0:
+            with torch.no_grad():
+                reference = torch.stack(
+                    [
+                        torch.nn.functional.pad(lp, (0, width - len(lp)))
+                        for lp in self._logprobs(self.reference, row_samples)
+                    ]
+                )
+        stale_mask = mask * torch.tensor([float(s.stale) for s in chunk], device=self.device)[:, None]
+        ratios.add(logprobs.detach(), behaviour, mask, stale_mask, self.tis_cap)
+        # Stale samples (truncated IS): the gradient of min(ratio, cap) * A * logprob, the ratio detached;
+        # their ratio to the policy being updated is 1, so the clip never binds on this single update.
+        stale = torch.tensor([s.stale for s in chunk], device=self.device)[:, None]
+        weight = torch.exp(logprobs.detach() - behaviour).clamp(max=self.tis_cap)
+        out = policy_loss(
+            logprobs,
+            torch.where(stale, logprobs.detach(), behaviour),
+            advantages[:, None] * torch.where(stale, weight, torch.ones_like(weight)),
+            mask,
+            self.loss_config,
+            norm,
+            reference,
+        )
+        torch.autograd.backward(out.loss)
+        share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
+        totals["loss"] += float(out.loss.detach())
+        totals["policy_loss"] += out.policy_loss
+        totals["kl"] += out.kl * share
+        totals["clip"] += out.clip_fraction * share
+
+    def _reduce(self, totals: dict[str, float], ratios: _Ratios) -> None:
+        """Combine the step's statistics over the processes that computed parts of it (here: one)."""
+
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The parameters to push to a rollout engine (names equal the engine model's); with LoRA, the
         adapted projections merged (base + adapter delta), the only weights that change."""
@@ -330,3 +355,13 @@ class Learner:
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach()
+
+    def save_state(self, directory: Path) -> None:
+        """Write what trains, its optimizer and LR schedule into `directory` (`checkpoint.py`)."""
+        save_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
+
+    def load_state(self, directory: Path) -> None:
+        load_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
+
+    def close(self) -> None:
+        """Release what the learner holds beyond memory (here: nothing; sharded: its ranks)."""

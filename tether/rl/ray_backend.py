@@ -350,9 +350,7 @@ class RayTrainer(Trainer):
             # The actor must hold the checkpoint's state before the local resume pushes its weights to
             # the workers; the local resume then loads the same checkpoint into the driver's copy again.
             learner = self.learner
-            load_checkpoint(
-                latest_checkpoint(self.run_dir), learner.trainable, learner.optimizer, learner.scheduler
-            )
+            load_checkpoint(latest_checkpoint(self.run_dir), learner)
             self.remote.send()
         super().start_run_dir(resume)
 

@@ -167,9 +167,7 @@ class Trainer:
         """Create the run directory, or (resume) reload the latest checkpoint from it."""
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
-            load_checkpoint(
-                checkpoint, self.learner.trainable, self.learner.optimizer, self.learner.scheduler
-            )
+            load_checkpoint(checkpoint, self.learner)
             self.step = checkpoint.step
             self.cursors = {k: int(v) for k, v in checkpoint.trainer["cursors"].items()}
             if self.config.run.mode is Mode.SYNC:  # async: the rollout thread loads what each batch needs
@@ -192,9 +190,7 @@ class Trainer:
         path = save_checkpoint(
             self.run_dir,
             self.step,
-            self.learner.trainable,  # LoRA: the adapters only
-            self.learner.optimizer,
-            self.learner.scheduler,
+            self.learner,  # LoRA: the adapters only
             {"cursors": self.cursors},
             keep=self.config.run.keep_checkpoints,
             # async: weights of older versions that batches still to be generated need
@@ -291,8 +287,12 @@ class Trainer:
         return metrics
 
     def close(self) -> None:
-        """Stop the rollout source (its sandbox pool and event loop, or its workers)."""
-        self.rollouts.close()
+        """Stop the rollout source (its sandbox pool and event loop, or its workers), then the learner
+        (a sharded one: its other ranks)."""
+        try:
+            self.rollouts.close()
+        finally:
+            self.learner.close()
 
     # --- the loop ----------------------------------------------------------------------------------
 
