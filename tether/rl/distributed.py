@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.process import BaseProcess
 
 import torch
 import torch.distributed as dist
@@ -66,7 +68,15 @@ def local_init_method() -> str:
 class LearnerGroup:
     """This process's rank of the learner: the default process group and the "dp" device mesh."""
 
-    def __init__(self, rendezvous: Rendezvous, device: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rendezvous: Rendezvous,
+        device: str,
+        timeout_s: float,
+        children: Sequence[BaseProcess] = (),
+    ) -> None:
+        self.children = list(children)  # ranks this process started (joined on close)
+        self.timeout_s = timeout_s
         if dist.is_initialized():
             raise ConfigError("a torch.distributed process group is already open in this process")
         where = resolve_device(device, "model.device")
@@ -92,5 +102,12 @@ class LearnerGroup:
         return self.rank == 0
 
     def close(self) -> None:
+        """Leave the process group; rank 0 of ranks it started waits for them (killed if stuck)."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        for child in self.children:
+            child.join(self.timeout_s)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        self.children.clear()

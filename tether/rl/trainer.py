@@ -37,7 +37,15 @@ from tether.rl.checkpoint import (
     save_checkpoint,
     truncate_metrics,
 )
-from tether.rl.config import AlgorithmSection, Backend, Mode, RolloutSection, TrainConfig, dump_config
+from tether.rl.config import (
+    AlgorithmSection,
+    Backend,
+    Mode,
+    RolloutSection,
+    Strategy,
+    TrainConfig,
+    dump_config,
+)
 from tether.rl.learner import Learner, Sample
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tether.engine.llm_engine import LLMEngine
+    from tether.rl.distributed import LearnerGroup
 
 Metrics = dict[str, float]
 
@@ -379,8 +388,9 @@ def learner_options(config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def make_learner(config: TrainConfig, device: str) -> Learner:
-    """The learner of `config` on `device` (in this process or the Ray learner actor's)."""
+def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = None) -> Learner:
+    """The learner of `config` on `device` (in this process or the Ray learner actor's); with
+    `learner.strategy = "fsdp"`, this rank's `ShardedLearner` over `group`."""
     from tether.models import load
 
     model_config = config.model
@@ -391,6 +401,13 @@ def make_learner(config: TrainConfig, device: str) -> Learner:
     if config.algorithm.kl_coef > 0:
         reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
     bf16 = model_config.dtype is DType.BFLOAT16
+    if config.learner.strategy is Strategy.FSDP:
+        from tether.rl.sharded import ShardedLearner
+
+        assert group is not None, "a sharded learner needs its process group"
+        return ShardedLearner(
+            model, group, config.learner, reference=reference, bf16=bf16, **learner_options(config)
+        )
     return Learner(model, reference=reference, bf16=bf16, **learner_options(config))
 
 
@@ -412,6 +429,16 @@ def build_trainer(
 
         return build_ray_trainer(config, registry, sandbox, resume)
     torch.manual_seed(config.run.seed)
-    engine, tokenizer = make_engine(config, config.model.device)
-    learner = make_learner(config, config.model.device)
+    group = None
+    if config.learner.strategy is Strategy.FSDP:
+        from tether.rl.ranks import open_learner_group
+
+        group = open_learner_group(config)  # torchrun's rank 0, or rank 0 of ranks started here
+    try:
+        engine, tokenizer = make_engine(config, config.model.device)
+        learner = make_learner(config, str(group.device) if group else config.model.device, group)
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
     return open_run(Trainer(config, engine, tokenizer, learner, registry, ScoringContext(sandbox)), resume)
