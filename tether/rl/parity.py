@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.multiprocessing.spawn import spawn
 
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
@@ -122,11 +123,10 @@ def compare_with_single(
     single_s = (time.perf_counter() - started) / steps
     with tempfile.TemporaryDirectory(prefix="tether-parity-") as tmp:
         out = Path(tmp) / "sharded.pt"
-        torch.multiprocessing.start_processes(
+        spawn(  # type: ignore[no-untyped-call]
             _sharded_rank,
             args=(world_size, local_init_method(), str(model), cache_dir, options, section, batches, out),
             nprocs=world_size,
-            start_method="spawn",
         )
         sharded = torch.load(out)
     weights = dict(single.model.named_parameters())
