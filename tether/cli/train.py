@@ -3,6 +3,9 @@
 The run directory (`run.out_dir/run.name`) receives `config.toml`, `metrics.jsonl`, `transcripts.jsonl`
 and `checkpoints/`. SIGTERM or Ctrl-C finishes the current step and checkpoints it (`Trainer.run`);
 `--resume RUN_DIR` continues from the latest checkpoint with the run's own `config.toml`.
+A sharded learner (`[learner] strategy = "fsdp"`) runs as `torchrun --nproc-per-node N -m tether train
+--config ...` (rank 0 trains, the other ranks follow it), or as plain `tether train`, which then starts
+ranks 1..N-1 itself on this machine.
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def train_command(
     from tether.envs.base import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.config import load_config, parse_config
+    from tether.rl.ranks import follow_rank, follower_rendezvous
     from tether.rl.trainer import build_trainer
 
     with user_errors():
@@ -143,6 +147,10 @@ def train_command(
         if config.model.cache_dir is None:
             model = config.model.model_copy(update={"cache_dir": settings.cache_dir})
             config = config.model_copy(update={"model": model})
+        rendezvous = follower_rendezvous(config)
+        if rendezvous is not None:  # torchrun's rank > 0 of a sharded learner: rank 0 runs the trainer
+            follow_rank(config, rendezvous)
+            return
         configure_threads()
         sandbox = SandboxProvider(settings.sandbox.spec, pool_config(settings))
         trainer = build_trainer(config, sandbox=sandbox, resume=resume is not None)
