@@ -126,7 +126,7 @@ def test_torchrun_world_size_must_match_the_config(monkeypatch: pytest.MonkeyPat
         ConfigError, match=r"torchrun started 4 ranks \(WORLD_SIZE\) but learner.world_size = 2"
     ):
         follower_rendezvous(_config(learner=FSDP2))
-    with pytest.raises(ConfigError, match="learner.strategy = 'single': set learner.strategy = 'fsdp'"):
+    with pytest.raises(ConfigError, match=r"learner.strategy = 'single': set learner.strategy = 'fsdp'"):
         follower_rendezvous(_config())
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert follower_rendezvous(_config(learner=FSDP2)) == Rendezvous(1, 2, "env://", 0)
