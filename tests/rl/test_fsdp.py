@@ -24,6 +24,7 @@ from .test_resume import _stable
 from .test_trainer import tiny_config
 
 FSDP2 = {"strategy": "fsdp", "world_size": 2}
+FSDP2_BACKGROUND = {**FSDP2, "async_checkpoint": True}  # checkpoints written by a background thread
 
 
 def test_two_ranks_match_the_single_learner_with_half_the_memory_per_rank(
@@ -82,7 +83,7 @@ def test_two_rank_run_resumes_at_world_size_one_as_if_uninterrupted(
     common: dict[str, Mapping[str, object]] = {"optim": {"lr": 1e-5, "micro_batch": 3}}
     straight, expected = _run(tiny_config(model, tmp_path / "single", **common))
     # Two ranks (rank 1 spawned by the trainer itself) for two steps, checkpointed at the end...
-    two = tiny_config(model, tmp_path / "fsdp", learner=FSDP2, run={"steps": 2}, **common)
+    two = tiny_config(model, tmp_path / "fsdp", learner=FSDP2_BACKGROUND, run={"steps": 2}, **common)
     _, first = _run(two)
     assert latest_checkpoint(two.run_dir).step == 2
     for got, want in zip(first, expected, strict=False):

@@ -95,6 +95,9 @@ class LearnerGroup:
             timeout=timedelta(seconds=timeout_s),
         )
         self.mesh: DeviceMesh = init_device_mesh(where.type, (self.world_size,), mesh_dim_names=("dp",))
+        # Background checkpoint writes run collectives of their own: on a group of their own (gloo, on
+        # the CPU copy of the state), they never interleave with the training step's.
+        self.checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
     @property
     def is_coordinator(self) -> bool:

@@ -18,10 +18,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tether.errors import ConfigError
@@ -191,10 +194,14 @@ class Learner:
         bf16: bool = False,
         tis_cap: float = 2.0,
         lora: LoraSection | None = None,
+        async_checkpoint: bool = False,
     ) -> None:
         if not (math.isfinite(tis_cap) and tis_cap >= 1):
             raise ConfigError(f"tis_cap = {tis_cap!r}: expected a number >= 1 (the largest IS weight)")
         self.tis_cap = tis_cap
+        self.async_checkpoint = async_checkpoint
+        self.checkpoint_group: dist.ProcessGroup | None = None  # sharded: the background writes' group
+        self._saving: Future[Any] | None = None  # the background write of the last checkpoint
         self.model = model.train().requires_grad_(True)
         # LoRA: only the adapters train (the rest is frozen); what trains is also what a checkpoint saves.
         self.adapters = attach_lora(self.model, lora) if lora is not None else None
@@ -356,12 +363,30 @@ class Learner:
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
-    def save_state(self, directory: Path) -> None:
-        """Write what trains, its optimizer and LR schedule into `directory` (`checkpoint.py`)."""
-        save_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
+    def save_state(self, directory: Path) -> Future[Any] | None:
+        """Write what trains, its optimizer and LR schedule into `directory` (`checkpoint.py`); with
+        `async_checkpoint`, a copy is written in the background (the future) while training goes on."""
+        self.wait_saved()  # one background write at a time: each holds a copy of the state
+        self._saving = save_learner_state(
+            directory,
+            self.trainable,
+            self.optimizer,
+            self.scheduler,
+            asynchronous=self.async_checkpoint,
+            process_group=self.checkpoint_group,
+        )
+        return self._saving
+
+    def wait_saved(self) -> None:
+        """Wait for the background write of the last checkpoint, if one is under way."""
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.result()
 
     def load_state(self, directory: Path) -> None:
+        self.wait_saved()
         load_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
 
     def close(self) -> None:
-        """Release what the learner holds beyond memory (here: nothing; sharded: its ranks)."""
+        """Finish a background checkpoint write (sharded: then release the other ranks)."""
+        self.wait_saved()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,7 @@ class ShardedLearner(Learner):
         self.root = shard_model(model.train().requires_grad_(True), group, options, param_dtype)
         super().__init__(model, **learner)  # the optimizer over the sharded (DTensor) parameters
         self.device = group.device
+        self.checkpoint_group = group.checkpoint_group
 
     # --- what rank 0 calls; every rank runs the same collectives -----------------------------------
 
@@ -155,19 +157,23 @@ class ShardedLearner(Learner):
         self._lead(Command.WEIGHTS)
         return iter(self._gather())
 
-    def save_state(self, directory: Path) -> None:
+    def save_state(self, directory: Path) -> Future[Any] | None:
         self._lead(Command.SAVE, str(directory))
-        super().save_state(directory)
+        return super().save_state(directory)
 
     def load_state(self, directory: Path) -> None:
         self._lead(Command.LOAD, str(directory))
         super().load_state(directory)
 
     def close(self) -> None:
-        """Rank 0: release the other ranks from `follow()`; every rank: leave the process group."""
+        """Rank 0: release the other ranks from `follow()`; every rank: finish its checkpoint writes,
+        then leave the process group."""
         if self.group.is_coordinator and dist.is_initialized():
             self._lead(Command.STOP)
-        self.group.close()
+        try:
+            self.wait_saved()
+        finally:
+            self.group.close()
 
     def follow(self) -> None:
         """Ranks > 0: do what rank 0 says until it says stop."""
@@ -177,6 +183,7 @@ class ShardedLearner(Learner):
             dist.broadcast_object_list(message, src=0)
             command, payload = Command(message[0]), message[1]
             if command is Command.STOP:
+                self.wait_saved()
                 return
             if command is Command.STEP:
                 super().step(payload)

@@ -31,10 +31,11 @@ from tether.models.precision import DType, resolve_device
 from tether.models.threads import strict_matmul
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
+    PendingCheckpoint,
     latest_checkpoint,
     load_checkpoint,
     load_extra,
-    save_checkpoint,
+    start_checkpoint,
     truncate_metrics,
 )
 from tether.rl.config import (
@@ -162,6 +163,7 @@ class Trainer:
         self.step = 0  # completed steps
         self.cursors: dict[str, int] = {}
         self.stop_requested = False
+        self._pending: PendingCheckpoint | None = None  # a checkpoint still being written
         self._rollout_threads: int | None = None  # async runs: torch threads of the rollout thread
         self.weight_store = WeightStore()  # async mode: the policy versions batches are generated with
         self.params = sampling_params(config.rollout)
@@ -195,8 +197,12 @@ class Trainer:
         (self.run_dir / "config.toml").write_text(dump_config(self.config))
 
     def checkpoint(self) -> Path:
-        """Save a checkpoint of the current step and redraw `report.html` up to it."""
-        path = save_checkpoint(
+        """Save a checkpoint of the current step and redraw `report.html` up to it. With
+        `learner.async_checkpoint` its files are written in the background while training goes on, and
+        it becomes the latest when they are done (`finish_checkpoint`: at the next checkpoint, at the
+        end of the run, or on close); a run killed before then resumes from the previous one."""
+        self.finish_checkpoint()
+        self._pending = start_checkpoint(
             self.run_dir,
             self.step,
             self.learner,  # LoRA: the adapters only
@@ -205,8 +211,17 @@ class Trainer:
             # async: weights of older versions that batches still to be generated need
             extra={"snapshots": self.weight_store.versions(below=self.step)},
         )
-        write_report(self.run_dir)
+        path = self._pending.final
+        if not self.config.learner.async_checkpoint:
+            self.finish_checkpoint()
         return path
+
+    def finish_checkpoint(self) -> None:
+        """Make the checkpoint being written the latest, once its files are all written."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.wait()
+            write_report(self.run_dir)
 
     def maybe_checkpoint(self) -> None:
         if self.step % self.config.run.checkpoint_every == 0:
@@ -299,9 +314,12 @@ class Trainer:
         """Stop the rollout source (its sandbox pool and event loop, or its workers), then the learner
         (a sharded one: its other ranks)."""
         try:
-            self.rollouts.close()
+            self.finish_checkpoint()
         finally:
-            self.learner.close()
+            try:
+                self.rollouts.close()
+            finally:
+                self.learner.close()
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -328,6 +346,7 @@ class Trainer:
                 history = self._run_sync(on_step)
             if final_checkpoint and self.step % self.config.run.checkpoint_every != 0:
                 self.checkpoint()
+            self.finish_checkpoint()
         finally:
             torch.set_num_threads(threads)
             self._rollout_threads = None
@@ -385,6 +404,7 @@ def learner_options(config: TrainConfig) -> dict[str, Any]:
         "max_new_tokens": config.rollout.max_new_tokens,
         "lora": config.model.lora,
         "tis_cap": config.algorithm.tis_cap,
+        "async_checkpoint": config.learner.async_checkpoint,
     }
 
 
