@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from tether.errors import ConfigError
+from tether.models import load
 from tether.rl.checkpoint import latest_checkpoint, saved_model
 from tether.rl.config import LearnerSection, OptimSection, Strategy, TrainConfig, parse_config
-from tether.rl.distributed import Rendezvous
+from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Sample
 from tether.rl.parity import compare_with_single
 from tether.rl.ranks import follower_rendezvous
-from tether.rl.sharded import split_groups
-from tether.rl.trainer import Trainer, build_trainer
+from tether.rl.sharded import ShardedLearner, split_groups
+from tether.rl.trainer import Trainer, build_trainer, learner_options
 
 from .fake_envs import fake_registry
 from .test_resume import _stable
@@ -134,3 +135,21 @@ def test_torchrun_world_size_must_match_the_config(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("MASTER_PORT")
     with pytest.raises(ConfigError, match="MASTER_PORT is not: launch with torchrun"):
         follower_rendezvous(_config(learner=FSDP2))
+
+
+def test_half_precision_sharded_compute_needs_cuda_ranks(tiny_model: Callable[[str], Path]) -> None:
+    group = LearnerGroup(Rendezvous(0, 1, local_init_method()), "cpu", timeout_s=30.0)
+    try:
+        config = tiny_config(tiny_model("llama"), Path("unused"), learner={"strategy": "fsdp"})
+        with pytest.raises(
+            ConfigError, match=r"model.dtype = 'bfloat16' with learner.strategy = 'fsdp' needs CUDA"
+        ):
+            ShardedLearner(
+                load(config.model.name)[0],
+                group,
+                config.learner,
+                compute_dtype=torch.bfloat16,
+                **learner_options(config),
+            )
+    finally:
+        group.close()

@@ -131,10 +131,24 @@ def split_groups(samples: Sequence[Sample], trained: Sequence[bool], ranks: int)
 class ShardedLearner(Learner):
     """A `Learner` whose model and optimizer are sharded over `group`; rank 0's methods lead the others."""
 
-    def __init__(self, model: CausalLM, group: LearnerGroup, options: LearnerSection, **learner: Any) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        group: LearnerGroup,
+        options: LearnerSection,
+        compute_dtype: torch.dtype = torch.float32,
+        **learner: Any,
+    ) -> None:
+        """`compute_dtype`: FSDP gathers the float32 master weights in it for forward and backward
+        (mixed precision in place of the single learner's autocast); gradients reduce in float32."""
         if learner.get("lora") is not None:
             raise ConfigError("learner.strategy = 'fsdp' with [model.lora]: use learner.strategy = 'single'")
-        param_dtype = torch.bfloat16 if learner.pop("bf16", False) else torch.float32
+        if compute_dtype != torch.float32 and group.device.type != "cuda":
+            raise ConfigError(
+                f"model.dtype = {str(compute_dtype).removeprefix('torch.')!r} with learner.strategy = "
+                f"'fsdp' needs CUDA ranks; the learner is on {group.device}: use float32"
+            )
+        param_dtype = compute_dtype
         self.group = group
         self.root = shard_model(model.train().requires_grad_(True), group, options, param_dtype)
         super().__init__(model, **learner)  # the optimizer over the sharded (DTensor) parameters

@@ -426,7 +426,12 @@ def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = 
 
         assert group is not None, "a sharded learner needs its process group"
         return ShardedLearner(
-            model, group, config.learner, reference=reference, bf16=bf16, **learner_options(config)
+            model,
+            group,
+            config.learner,
+            compute_dtype=model_config.dtype.torch,
+            reference=reference,
+            **learner_options(config),
         )
     return Learner(model, reference=reference, bf16=bf16, **learner_options(config))
 
