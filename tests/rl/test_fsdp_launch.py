@@ -9,6 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from tether.cli.main import app
 from tether.rl.checkpoint import latest_checkpoint, saved_model
 
 from .test_cli_train import _write_config
@@ -39,3 +43,17 @@ def test_torchrun_launches_a_two_rank_run_that_rank_zero_records(
     # Both ranks wrote their shards of the model and optimizer; the checkpoint reads back whole.
     assert len(list((checkpoint.path / "state").glob("*.distcp"))) == 2
     assert "model.embed_tokens.weight" in saved_model(checkpoint.path)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "message"),
+    [("0", "--world-size: learner.world_size = 0"), ("2", "world_size = 2 with learner.strategy = 'single'")],
+)
+def test_world_size_option_is_checked(
+    tiny_model: Callable[[str], Path], tmp_path: Path, world_size: str, message: str
+) -> None:
+    config = _write_config(tmp_path / "train.toml", tiny_model("llama"), tmp_path / "runs")
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--world-size", world_size])
+    assert result.exit_code != 0
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "runs").exists()

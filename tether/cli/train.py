@@ -121,6 +121,13 @@ def train_command(
         str | None,
         typer.Option("--backend", help="local, or ray (actors, see [ray]); default: run.backend."),
     ] = None,
+    world_size: Annotated[
+        int | None,
+        typer.Option(
+            "--world-size",
+            help="Learner ranks (learner.world_size); a resumed run may change it (checkpoints reshard).",
+        ),
+    ] = None,
 ) -> None:
     """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""
     if (config_file is None) == (resume is None):
@@ -144,6 +151,10 @@ def train_command(
         if backend is not None:
             raw = config.model_dump()
             config = parse_config({**raw, "run": {**raw["run"], "backend": backend}}, "--backend")
+        if world_size is not None:
+            raw = config.model_dump()
+            learner = {**raw["learner"], "world_size": world_size}
+            config = parse_config({**raw, "learner": learner}, "--world-size")
         if config.model.cache_dir is None:
             model = config.model.model_copy(update={"cache_dir": settings.cache_dir})
             config = config.model_copy(update={"model": model})
