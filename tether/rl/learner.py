@@ -99,7 +99,7 @@ class LearnStats:
 
 
 @dataclass(slots=True)
-class _Ratios:
+class Ratios:
     """Running statistics of the behaviour ratios and logprob gaps over the trained tokens of a step."""
 
     count: int = 0
@@ -255,7 +255,7 @@ class Learner:
         norm = Normaliser(len(samples), sum(sum(m) for m in masks), self.max_new_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip": 0.0}
-        ratios = _Ratios()
+        ratios = Ratios()
         # A sample without loss tokens, or (no KL) with advantage 0, adds exactly 0 to the loss and its
         # gradient: it is left out of the forward (most groups early in a run have all-equal rewards).
         kl_on = self.reference is not None and self.loss_config.kl_coef > 0
@@ -304,7 +304,7 @@ class Learner:
         rows: Sequence[Row],
         norm: Normaliser,
         totals: dict[str, float],
-        ratios: _Ratios,
+        ratios: Ratios,
     ) -> None:
         """Forward and backward of one micro-batch (its gradient adds to the batch's); stats added up."""
         indices = [i for row in rows for i in row]
@@ -351,7 +351,7 @@ class Learner:
         totals["kl"] += out.kl * share
         totals["clip"] += out.clip_fraction * share
 
-    def _reduce(self, totals: dict[str, float], ratios: _Ratios) -> None:
+    def _reduce(self, totals: dict[str, float], ratios: Ratios) -> None:
         """Combine the step's statistics over the processes that computed parts of it (here: one)."""
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -19,6 +19,7 @@ from torch.multiprocessing.spawn import spawn
 
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
+from tether.models.transformer import CausalLM
 from tether.rl.config import LearnerSection, OptimSection, Strategy
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Learner, Sample
@@ -28,7 +29,7 @@ from tether.rl.sharded import ShardedLearner, local_state_bytes
 _TIMEOUT_S = 600.0
 
 
-def _batch(model: torch.nn.Module, vocab: int, prompts: int, group: int, seed: int) -> list[Sample]:
+def _batch(model: CausalLM, vocab: int, prompts: int, group: int, seed: int) -> list[Sample]:
     """`prompts` groups of `group` samples of random tokens, scored on-policy by `model`."""
     generator = torch.Generator().manual_seed(seed)
 
@@ -43,7 +44,7 @@ def _batch(model: torch.nn.Module, vocab: int, prompts: int, group: int, seed: i
             shapes.append((prompt, completion, float(torch.rand((), generator=generator)) * 2 - 1))
     with torch.no_grad():
         behaviour = token_logprobs(
-            model,  # type: ignore[arg-type]
+            model,
             DenseBatch.padded([p + c for p, c, _ in shapes]),
             [(len(p), len(p) + len(c)) for p, c, _ in shapes],
         )

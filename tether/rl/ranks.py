@@ -53,7 +53,7 @@ def open_learner_group(config: TrainConfig) -> LearnerGroup:
     children = [
         context.Process(
             target=_spawned,
-            args=(config, Rendezvous(rank, section.world_size, init_method)),
+            args=(config, Rendezvous(rank, section.world_size, init_method, local_rank=rank)),  # GPU `rank`
             name=f"tether-learner-rank-{rank}",
         )
         for rank in range(1, section.world_size)

@@ -32,7 +32,7 @@ from tether.errors import ConfigError
 from tether.models.transformer import CausalLM, DecoderLayer
 from tether.rl.config import LearnerSection
 from tether.rl.distributed import LearnerGroup
-from tether.rl.learner import Learner, Row, Sample, _Ratios
+from tether.rl.learner import Learner, LearnStats, Ratios, Row, Sample, _row_tokens
 from tether.rl.losses import Normaliser
 
 
@@ -113,10 +113,7 @@ def split_groups(samples: Sequence[Sample], trained: Sequence[bool], ranks: int)
             groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
 
     def tokens(members: list[int]) -> int:
-        first = samples[members[0]]
-        return first.completion_start + sum(
-            len(samples[i].token_ids) - samples[i].completion_start for i in members
-        )
+        return _row_tokens(samples, members)
 
     load = [0] * ranks
     shares = [[False] * len(samples) for _ in range(ranks)]
@@ -161,7 +158,7 @@ class ShardedLearner(Learner):
         assert self.group.is_coordinator, "only rank 0 leads; the other ranks follow()"
         dist.broadcast_object_list([command.value, payload], src=0)
 
-    def step(self, samples: Sequence[Sample]) -> Any:
+    def step(self, samples: Sequence[Sample]) -> LearnStats:
         if self.group.is_coordinator:
             self._lead(Command.STEP, list(samples))
         return super().step(samples)
@@ -241,7 +238,7 @@ class ShardedLearner(Learner):
         rows: Sequence[Row],
         norm: Normaliser,
         totals: dict[str, float],
-        ratios: _Ratios,
+        ratios: Ratios,
     ) -> None:
         if rows:
             super()._accumulate(samples, masks, rows, norm, totals, ratios)
@@ -251,7 +248,7 @@ class ShardedLearner(Learner):
         logprobs = self._logprobs(self.model, [[samples[0]]])
         torch.autograd.backward(torch.cat(logprobs).sum() * 0.0)
 
-    def _reduce(self, totals: dict[str, float], ratios: _Ratios) -> None:
+    def _reduce(self, totals: dict[str, float], ratios: Ratios) -> None:
         names = ("loss", "policy_loss", "kl", "clip")
         sums = torch.tensor(
             [
