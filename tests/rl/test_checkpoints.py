@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -10,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from tether.errors import ConfigError
 from tether.models import load
 from tether.rl.checkpoint import (
     latest_checkpoint,
@@ -18,7 +23,9 @@ from tether.rl.checkpoint import (
     saved_model,
     start_checkpoint,
 )
+from tether.rl.config import OptimSection
 from tether.rl.learner import Learner
+from tether.rl.losses import LossConfig
 from tether.rl.trainer import learner_options
 
 from .test_resume import _stable
@@ -89,3 +96,47 @@ def test_background_checkpoints_resume_like_an_uninterrupted_run(
     final = saved_model(latest_checkpoint(run_dir).path)
     for name, param in straight.learner.model.named_parameters():
         assert torch.allclose(final[name], param.detach(), atol=1e-6), name
+
+
+_SAVE_FOREVER = """
+import sys
+from pathlib import Path
+from tether.errors import ConfigError
+from tether.models import load
+from tether.rl.checkpoint import save_checkpoint
+from tether.rl.config import OptimSection
+from tether.rl.config import OptimSection
+from tether.rl.learner import Learner
+from tether.rl.losses import LossConfig
+from tether.rl.losses import LossConfig
+
+learner = Learner(load(sys.argv[1])[0], OptimSection(), LossConfig(), 10, 1.0, 8, async_checkpoint=True)
+for step in range(1, 100_000):
+    save_checkpoint(Path(sys.argv[2]), step, learner, {"cursors": {}}, keep=2)
+"""
+
+
+def test_a_process_killed_while_saving_leaves_a_loadable_latest_checkpoint(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    model = tiny_model("llama")
+    saver = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(model), str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 120
+        while latest_checkpoint_step(tmp_path) < 3:  # a few saves in: the kill lands mid-write or mid-rename
+            assert saver.poll() is None and time.monotonic() < deadline, "the saving process did not start"
+            time.sleep(0.05)
+    finally:
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+    latest = latest_checkpoint(tmp_path)
+    learner = Learner(load(model)[0], OptimSection(), LossConfig(), 10, 1.0, 8)
+    load_checkpoint(latest, learner)  # whole: every file of the checkpoint it names is there
+    assert set(saved_model(latest.path)) == set(learner.model.state_dict())
+
+
+def latest_checkpoint_step(run_dir: Path) -> int:
+    try:
+        return latest_checkpoint(run_dir).step
+    except (ConfigError, FileNotFoundError):
+        return 0

@@ -24,6 +24,9 @@ from tether.errors import ConfigError
 from tether.models.precision import resolve_device
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# How long a rank this process started may take to exit once told to stop (it only finishes a checkpoint
+# write and leaves the group); one stuck in a collective that rank 0 abandoned is killed after it.
+_CHILD_EXIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +108,11 @@ class LearnerGroup:
         return self.rank == 0
 
     def close(self) -> None:
-        """Leave the process group; rank 0 of ranks it started waits for them (killed if stuck)."""
+        """Leave the process group; rank 0 of ranks it started waits for them to exit (killed if stuck)."""
         if dist.is_initialized():
             dist.destroy_process_group()
         for child in self.children:
-            child.join(self.timeout_s)
+            child.join(_CHILD_EXIT_S)
             if child.is_alive():
                 child.kill()
                 child.join()
