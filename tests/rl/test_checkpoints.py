@@ -140,3 +140,18 @@ def latest_checkpoint_step(run_dir: Path) -> int:
         return latest_checkpoint(run_dir).step
     except (ConfigError, FileNotFoundError):
         return 0
+
+
+def test_a_checkpoint_from_before_distributed_checkpoints_is_refused_by_name(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    old = tmp_path / "checkpoints" / "step-000004"
+    old.mkdir(parents=True)
+    (old / "trainer.json").write_text('{"step": 4, "cursors": {}}')
+    torch.save({}, old / "model.pt")
+    (tmp_path / "checkpoints" / "latest").write_text("step-000004\n")
+    learner = Learner(load(tiny_model("llama"))[0], OptimSection(), LossConfig(), 10, 1.0, 8)
+    with pytest.raises(
+        ConfigError, match=r"has no state/ folder: it was written by an older tether \(model.pt\)"
+    ):
+        load_checkpoint(latest_checkpoint(tmp_path), learner)

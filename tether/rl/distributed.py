@@ -79,7 +79,6 @@ class LearnerGroup:
         children: Sequence[BaseProcess] = (),
     ) -> None:
         self.children = list(children)  # ranks this process started (joined on close)
-        self.timeout_s = timeout_s
         if dist.is_initialized():
             raise ConfigError("a torch.distributed process group is already open in this process")
         where = resolve_device(device, "model.device")
