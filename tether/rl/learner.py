@@ -10,7 +10,9 @@ the full-batch gradient), then clipped, stepped with AdamW and the LR schedule. 
 prompt share a row (the prompt computed once), and samples that cannot change the gradient (advantage 0
 without KL) are not computed at all; the old-logprob pass is never needed, since the engine recorded the
 behaviour logprobs. With `lora`, only peft adapters train (`lora.py`). The learner knows nothing of
-engines or environments; `weights()` is what gets pushed to the rollout engine.
+engines or environments; `weights()` is what gets pushed to the rollout engine, and `save_state` /
+`load_state` what a checkpoint holds. `ShardedLearner` (`sharded.py`) runs the same step data parallel
+over FSDP2 ranks by overriding which micro-batches this process computes and how the statistics combine.
 """
 
 from __future__ import annotations
