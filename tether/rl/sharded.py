@@ -145,9 +145,8 @@ class ShardedLearner(Learner):
                 f"model.dtype = {str(compute_dtype).removeprefix('torch.')!r} with learner.strategy = "
                 f"'fsdp' needs CUDA ranks; the learner is on {group.device}: use float32"
             )
-        param_dtype = compute_dtype
         self.group = group
-        self.root = shard_model(model.train().requires_grad_(True), group, options, param_dtype)
+        self.root = shard_model(model.train().requires_grad_(True), group, options, compute_dtype)
         super().__init__(model, **learner)  # the optimizer over the sharded (DTensor) parameters
         self.device = group.device
         self.checkpoint_group = group.checkpoint_group
