@@ -18,6 +18,7 @@ from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
+from tether.rl.checkpoint import saved_model
 from tether.rl.config import LoraSection, OptimSection, TrainConfig, dump_config, parse_config
 from tether.rl.learner import Learner, Sample
 from tether.rl.losses import LossConfig
@@ -126,7 +127,7 @@ def test_checkpoints_hold_the_adapters_only_and_resume_exactly(
 
     killed.run(on_step=kill_after_two)
     killed.close()
-    saved = torch.load(tmp_path / "b" / "tiny" / "checkpoints" / "step-000002" / "model.pt")
+    saved = saved_model(tmp_path / "b" / "tiny" / "checkpoints" / "step-000002")
     assert saved and all(key.startswith(("lora_a.", "lora_b.")) for key in saved)
     resumed = _trainer(_lora_config(model, tmp_path / "b", **overrides), resume=True)
     rest = resumed.run()

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from tests.live_server import live_server
 from tether.cli.main import app
 from tether.errors import ConfigError
+from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ray_backend import (
     RayCluster,
@@ -245,7 +246,7 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
     assert (run_dir / "checkpoints" / "step-000003").is_dir()
     assert len((run_dir / "transcripts.jsonl").read_text().splitlines()) == 6
     # The checkpoint the driver wrote holds the learner actor's weights, which equal the local learner's.
-    saved = torch.load(run_dir / "checkpoints" / "step-000003" / "model.pt")
+    saved = saved_model(run_dir / "checkpoints" / "step-000003")
     for name, param in local.learner.model.named_parameters():
         assert torch.allclose(saved[name], param.detach(), atol=1e-5), name
 

@@ -27,8 +27,8 @@ class PlanOptions:
     """The command line's overrides of the config (None: the config's value, or its default)."""
 
     model: str | None = None
-    strategy: str = "single"
-    world_size: int = 1
+    strategy: str | None = None
+    world_size: int | None = None
     dtype: str | None = None
     prompt_tokens: int = 256
     activation_checkpointing: bool = False
@@ -42,17 +42,21 @@ def build_plan(config: TrainConfig | None, options: PlanOptions) -> MemoryPlan:
     from tether.models.memory_plan import MicroBatch, PlanSettings, Strategy, plan_memory
     from tether.models.precision import DType
     from tether.models.presets import architecture
-    from tether.rl.config import ModelSection, OptimSection, RolloutSection
+    from tether.rl.config import LearnerSection, ModelSection, OptimSection, RolloutSection
 
     model = config.model if config is not None else ModelSection()
     optim = config.optim if config is not None else OptimSection()
     rollout = config.rollout if config is not None else RolloutSection()
+    learner = config.learner if config is not None else LearnerSection()
     name = options.model or model.name
-    try:
-        strategy = Strategy(options.strategy)
-    except ValueError:
-        accepted = ", ".join(s.value for s in Strategy)
-        raise ConfigError(f"--strategy {options.strategy!r}: expected one of {accepted}") from None
+    strategy = learner.strategy
+    if options.strategy is not None:
+        try:
+            strategy = Strategy(options.strategy)
+        except ValueError:
+            accepted = ", ".join(s.value for s in Strategy)
+            raise ConfigError(f"--strategy {options.strategy!r}: expected one of {accepted}") from None
+    world_size = options.world_size if options.world_size is not None else learner.world_size
     dtype = DType.parse(options.dtype, "--dtype") if options.dtype is not None else model.dtype
     micro_batch = MicroBatch.of(
         optim.micro_batch,
@@ -69,10 +73,10 @@ def build_plan(config: TrainConfig | None, options: PlanOptions) -> MemoryPlan:
     )
     settings = PlanSettings(
         strategy=strategy,
-        world_size=options.world_size,
+        world_size=world_size,
         dtype=dtype,
         micro_batch=micro_batch,
-        activation_checkpointing=options.activation_checkpointing,
+        activation_checkpointing=options.activation_checkpointing or learner.activation_checkpointing,
         kv_cache_tokens=options.kv_cache_tokens if options.kv_cache_tokens is not None else step_tokens,
         engine=options.engine,
     )

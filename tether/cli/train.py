@@ -3,6 +3,9 @@
 The run directory (`run.out_dir/run.name`) receives `config.toml`, `metrics.jsonl`, `transcripts.jsonl`
 and `checkpoints/`. SIGTERM or Ctrl-C finishes the current step and checkpoints it (`Trainer.run`);
 `--resume RUN_DIR` continues from the latest checkpoint with the run's own `config.toml`.
+A sharded learner (`[learner] strategy = "fsdp"`) runs as `torchrun --nproc-per-node N -m tether train
+--config ...` (rank 0 trains, the other ranks follow it), or as plain `tether train`, which then starts
+ranks 1..N-1 itself on this machine.
 """
 
 from __future__ import annotations
@@ -136,8 +139,9 @@ def train_command(
             help="--plan: architecture (e.g. llama-3-8b, qwen2.5-72b) or HF folder; default: model.name.",
         ),
     ] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="--plan: single or fsdp.")] = "single",
-    world_size: Annotated[int, typer.Option("--world-size", help="--plan: learner ranks.")] = 1,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="--plan: single or fsdp; default: learner.strategy.")
+    ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="--plan: float32, bfloat16, float16; default: model.dtype.")
     ] = None,
@@ -156,6 +160,14 @@ def train_command(
         typer.Option("--engine/--no-engine", help="--plan: the rollout engine shares each rank's device."),
     ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="--plan: one JSON object.")] = False,
+    world_size: Annotated[
+        int | None,
+        typer.Option(
+            "--world-size",
+            help="Learner ranks (learner.world_size); a resumed run may change it (checkpoints reshard); "
+            "with --plan, the ranks to plan for.",
+        ),
+    ] = None,
 ) -> None:
     """Train a policy with RL on an environment mixture (GRPO family), checkpointing as it goes."""
     if plan:
@@ -179,6 +191,7 @@ def train_command(
     from tether.envs.base import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.config import load_config, parse_config
+    from tether.rl.ranks import follow_rank, follower_rendezvous
     from tether.rl.trainer import build_trainer
 
     with user_errors():
@@ -193,9 +206,17 @@ def train_command(
         if backend is not None:
             raw = config.model_dump()
             config = parse_config({**raw, "run": {**raw["run"], "backend": backend}}, "--backend")
+        if world_size is not None:
+            raw = config.model_dump()
+            learner = {**raw["learner"], "world_size": world_size}
+            config = parse_config({**raw, "learner": learner}, "--world-size")
         if config.model.cache_dir is None:
             model = config.model.model_copy(update={"cache_dir": settings.cache_dir})
             config = config.model_copy(update={"model": model})
+        rendezvous = follower_rendezvous(config)
+        if rendezvous is not None:  # torchrun's rank > 0 of a sharded learner: rank 0 runs the trainer
+            follow_rank(config, rendezvous)
+            return
         configure_threads()
         sandbox = SandboxProvider(settings.sandbox.spec, pool_config(settings))
         trainer = build_trainer(config, sandbox=sandbox, resume=resume is not None)

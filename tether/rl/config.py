@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tether.errors import ConfigError
+from tether.models.memory_plan import Strategy
 from tether.models.precision import DEVICE_PATTERN, DType
 from tether.rl.advantages import AdvantageKind
 from tether.rl.losses import Aggregation, LossConfig
@@ -296,6 +297,34 @@ class RaySection(_Section):
     )
 
 
+class LearnerSection(_Section):
+    """`[learner]`: how the learner is laid out over processes (`sharded.py`, `distributed.py`)."""
+
+    strategy: Strategy = Field(
+        Strategy.SINGLE, description="single (one process) or fsdp (FSDP2 over world_size ranks)."
+    )
+    world_size: int = Field(
+        1, ge=1, description="Learner ranks; > 1 needs fsdp. Under torchrun it must equal WORLD_SIZE."
+    )
+    activation_checkpointing: bool = Field(
+        False, description="fsdp: recompute each layer's MLP activations in backward instead of keeping them."
+    )
+    reshard_after_forward: bool = Field(
+        True, description="fsdp: free gathered layer weights after forward (gather again in backward)."
+    )
+    prefetch: int = Field(
+        1, ge=0, le=4, description="fsdp: layers whose all-gathers are issued ahead of compute (0: none)."
+    )
+    async_checkpoint: bool = Field(
+        False, description="Write checkpoints in the background (torch.distributed.checkpoint.async_save)."
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="fsdp: a collective waiting longer than this fails the run instead of hanging.",
+    )
+
+
 class TrainConfig(_Section):
     model: ModelSection = Field(default_factory=lambda: ModelSection())
     envs: EnvsSection
@@ -304,6 +333,7 @@ class TrainConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
     ray: RaySection = Field(default_factory=lambda: RaySection())
+    learner: LearnerSection = Field(default_factory=lambda: LearnerSection())
 
     @property
     def rollout_backend(self) -> RolloutBackend:
@@ -312,6 +342,24 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        learner = self.learner
+        if learner.strategy is Strategy.SINGLE and learner.world_size > 1:
+            raise ValueError(
+                f"learner.world_size = {learner.world_size} with learner.strategy = 'single': "
+                "set learner.strategy = 'fsdp' to train on several ranks"
+            )
+        if learner.strategy is Strategy.FSDP:
+            if self.model.lora is not None:
+                # The adapters are a few MiB: sharding them saves nothing worth a second code path.
+                raise ValueError(
+                    "learner.strategy = 'fsdp' with [model.lora]: LoRA trains with "
+                    "learner.strategy = 'single'"
+                )
+            if self.run.backend is Backend.RAY:
+                raise ValueError(
+                    "learner.strategy = 'fsdp' with run.backend = 'ray': launch the ranks with torchrun "
+                    "(or let tether train spawn them) and run.backend = 'local'"
+                )
         if self.run.backend is Backend.RAY and self.rollout.backend is RolloutBackend.LOCAL:
             raise ValueError(
                 "rollout.backend = 'local' runs the engine in the learner's process, which run.backend = "
@@ -356,6 +404,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "optim": OptimSection,
     "run": RunSection,
     "ray": RaySection,
+    "learner": LearnerSection,
 }
 
 

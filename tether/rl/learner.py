@@ -10,7 +10,9 @@ the full-batch gradient), then clipped, stepped with AdamW and the LR schedule. 
 prompt share a row (the prompt computed once), and samples that cannot change the gradient (advantage 0
 without KL) are not computed at all; the old-logprob pass is never needed, since the engine recorded the
 behaviour logprobs. With `lora`, only peft adapters train (`lora.py`). The learner knows nothing of
-engines or environments; `weights()` is what gets pushed to the rollout engine.
+engines or environments; `weights()` is what gets pushed to the rollout engine, and `save_state` /
+`load_state` what a checkpoint holds. `ShardedLearner` (`sharded.py`) runs the same step data parallel
+over FSDP2 ranks by overriding which micro-batches this process computes and how the statistics combine.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from tether.errors import ConfigError
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.models.transformer import CausalLM
+from tether.rl.checkpoint import load_learner_state, save_learner_state
 from tether.rl.config import LoraSection, OptimSection, Schedule
 from tether.rl.lora import attach_lora, merged_weights
 from tether.rl.losses import LossConfig, Normaliser, policy_loss
@@ -93,7 +101,7 @@ class LearnStats:
 
 
 @dataclass(slots=True)
-class _Ratios:
+class Ratios:
     """Running statistics of the behaviour ratios and logprob gaps over the trained tokens of a step."""
 
     count: int = 0
@@ -212,10 +220,14 @@ class Learner:
         bf16: bool = False,
         tis_cap: float = 2.0,
         lora: LoraSection | None = None,
+        async_checkpoint: bool = False,
     ) -> None:
         if not (math.isfinite(tis_cap) and tis_cap >= 1):
             raise ConfigError(f"tis_cap = {tis_cap!r}: expected a number >= 1 (the largest IS weight)")
         self.tis_cap = tis_cap
+        self.async_checkpoint = async_checkpoint
+        self.checkpoint_group: dist.ProcessGroup | None = None  # sharded: the background writes' group
+        self._saving: Future[Any] | None = None  # the background write of the last checkpoint
         self.model = model.train().requires_grad_(True)
         # LoRA: only the adapters train (the rest is frozen); what trains is also what a checkpoint saves.
         self.adapters = attach_lora(self.model, lora) if lora is not None else None
@@ -270,62 +282,21 @@ class Learner:
         norm = Normaliser(len(samples), sum(sum(m) for m in masks), self.max_new_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip": 0.0}
-        ratios = _Ratios()
+        ratios = Ratios()
         # A sample without loss tokens, or (no KL) with advantage 0, adds exactly 0 to the loss and its
         # gradient: it is left out of the forward (most groups early in a run have all-equal rewards).
         kl_on = self.reference is not None and self.loss_config.kl_coef > 0
         trained = [any(m) and (kl_on or s.advantage != 0) for s, m in zip(samples, masks, strict=True)]
-        for rows in plan_micro_batches(
-            samples, self.config.micro_batch, trained, self.config.micro_batch_tokens
-        ):
-            indices = [i for row in rows for i in row]
-            row_samples = [[samples[i] for i in row] for row in rows]
-            chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
-            width = max(len(s.behaviour_logprobs) for s in chunk)
-            logprobs = torch.stack(
-                [
-                    torch.nn.functional.pad(lp, (0, width - len(lp)))
-                    for lp in self._logprobs(self.model, row_samples)
-                ]
-            )
-            mask = _padded([[float(x) for x in m] for m in chunk_masks], width, self.device)
-            behaviour = _padded([s.behaviour_logprobs for s in chunk], width, self.device)
-            advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=self.device)
-            reference = None
-            if self.reference is not None and self.loss_config.kl_coef > 0:
-                with torch.no_grad():
-                    reference = torch.stack(
-                        [
-                            torch.nn.functional.pad(lp, (0, width - len(lp)))
-                            for lp in self._logprobs(self.reference, row_samples)
-                        ]
-                    )
-            stale_mask = mask * torch.tensor([float(s.stale) for s in chunk], device=self.device)[:, None]
-            ratios.add(logprobs.detach(), behaviour, mask, stale_mask, self.tis_cap)
-            # Stale samples (truncated IS): the gradient of min(ratio, cap) * A * logprob, the ratio detached;
-            # their ratio to the policy being updated is 1, so the clip never binds on this single update.
-            stale = torch.tensor([s.stale for s in chunk], device=self.device)[:, None]
-            weight = torch.exp(logprobs.detach() - behaviour).clamp(max=self.tis_cap)
-            out = policy_loss(
-                logprobs,
-                torch.where(stale, logprobs.detach(), behaviour),
-                advantages[:, None] * torch.where(stale, weight, torch.ones_like(weight)),
-                mask,
-                self.loss_config,
-                norm,
-                reference,
-            )
-            torch.autograd.backward(out.loss)
-            share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
-            totals["loss"] += float(out.loss.detach())
-            totals["policy_loss"] += out.policy_loss
-            totals["kl"] += out.kl * share
-            totals["clip"] += out.clip_fraction * share
+        for rows in self._micro_batches(samples, trained):
+            self._accumulate(samples, masks, rows, norm, totals, ratios)
+        self._reduce(totals, ratios)
         for param in self.trainable.parameters():
             if param.grad is None:
                 # Skipped samples still leave a zero gradient: AdamW steps its moments as usual.
                 param.grad = torch.zeros_like(param)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), self.config.max_grad_norm)
+        if isinstance(grad_norm, DTensor):  # sharded parameters: the norm is already the global one
+            grad_norm = grad_norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -349,6 +320,67 @@ class Learner:
             skipped_sequences=len(samples) - sum(trained),
         )
 
+    def _micro_batches(self, samples: Sequence[Sample], trained: Sequence[bool]) -> list[list[Row]]:
+        """The rows of each micro-batch this process computes (here: every trained sample)."""
+        return plan_micro_batches(samples, self.config.micro_batch, trained, self.config.micro_batch_tokens)
+
+    def _accumulate(
+        self,
+        samples: Sequence[Sample],
+        masks: Sequence[Sequence[bool]],
+        rows: Sequence[Row],
+        norm: Normaliser,
+        totals: dict[str, float],
+        ratios: Ratios,
+    ) -> None:
+        """Forward and backward of one micro-batch (its gradient adds to the batch's); stats added up."""
+        indices = [i for row in rows for i in row]
+        row_samples = [[samples[i] for i in row] for row in rows]
+        chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
+        width = max(len(s.behaviour_logprobs) for s in chunk)
+        logprobs = torch.stack(
+            [
+                torch.nn.functional.pad(lp, (0, width - len(lp)))
+                for lp in self._logprobs(self.model, row_samples)
+            ]
+        )
+        mask = _padded([[float(x) for x in m] for m in chunk_masks], width, self.device)
+        behaviour = _padded([s.behaviour_logprobs for s in chunk], width, self.device)
+        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=self.device)
+        reference = None
+        if self.reference is not None and self.loss_config.kl_coef > 0:
+            with torch.no_grad():
+                reference = torch.stack(
+                    [
+                        torch.nn.functional.pad(lp, (0, width - len(lp)))
+                        for lp in self._logprobs(self.reference, row_samples)
+                    ]
+                )
+        stale_mask = mask * torch.tensor([float(s.stale) for s in chunk], device=self.device)[:, None]
+        ratios.add(logprobs.detach(), behaviour, mask, stale_mask, self.tis_cap)
+        # Stale samples (truncated IS): the gradient of min(ratio, cap) * A * logprob, the ratio detached;
+        # their ratio to the policy being updated is 1, so the clip never binds on this single update.
+        stale = torch.tensor([s.stale for s in chunk], device=self.device)[:, None]
+        weight = torch.exp(logprobs.detach() - behaviour).clamp(max=self.tis_cap)
+        out = policy_loss(
+            logprobs,
+            torch.where(stale, logprobs.detach(), behaviour),
+            advantages[:, None] * torch.where(stale, weight, torch.ones_like(weight)),
+            mask,
+            self.loss_config,
+            norm,
+            reference,
+        )
+        torch.autograd.backward(out.loss)
+        share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
+        totals["loss"] += float(out.loss.detach())
+        totals["policy_loss"] += out.policy_loss
+        totals["kl"] += out.kl * share
+        totals["clip"] += out.clip_fraction * share
+
+    def _reduce(self, totals: dict[str, float], ratios: Ratios) -> None:
+        """Combine the step's statistics over the processes that computed parts of it (here: one)."""
+
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The parameters to push to a rollout engine (names equal the engine model's); with LoRA, the
         adapted projections merged (base + adapter delta), the only weights that change."""
@@ -357,3 +389,31 @@ class Learner:
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach()
+
+    def save_state(self, directory: Path) -> Future[Any] | None:
+        """Write what trains, its optimizer and LR schedule into `directory` (`checkpoint.py`); with
+        `async_checkpoint`, a copy is written in the background (the future) while training goes on."""
+        self.wait_saved()  # one background write at a time: each holds a copy of the state
+        self._saving = save_learner_state(
+            directory,
+            self.trainable,
+            self.optimizer,
+            self.scheduler,
+            asynchronous=self.async_checkpoint,
+            process_group=self.checkpoint_group,
+        )
+        return self._saving
+
+    def wait_saved(self) -> None:
+        """Wait for the background write of the last checkpoint, if one is under way."""
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.result()
+
+    def load_state(self, directory: Path) -> None:
+        self.wait_saved()
+        load_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
+
+    def close(self) -> None:
+        """Finish a background checkpoint write (sharded: then release the other ranks)."""
+        self.wait_saved()

@@ -39,6 +39,7 @@ from tether.rl.trainer import (
     learner_options,
     make_engine,
     make_learner,
+    open_learner,
     open_run,
     sampling_params,
 )
@@ -359,9 +360,7 @@ class RayTrainer(Trainer):
             # The actor must hold the checkpoint's state before the local resume pushes its weights to
             # the workers; the local resume then loads the same checkpoint into the driver's copy again.
             learner = self.learner
-            load_checkpoint(
-                latest_checkpoint(self.run_dir), learner.trainable, learner.optimizer, learner.scheduler
-            )
+            load_checkpoint(latest_checkpoint(self.run_dir), learner)
             self.remote.send()
         super().start_run_dir(resume)
 
@@ -408,7 +407,7 @@ def build_ray_trainer(
             model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
             learner = RemoteLearner(ray, actor, config, model)
         else:
-            learner = make_learner(config, config.model.device)
+            learner = open_learner(config)
         rollouts: RolloutSource
         if servers is None:
             workers = [

@@ -27,14 +27,16 @@ from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider, ScoringContext, Task
 from tether.envs.registry import EnvRegistry, Mixture, default_registry, mixture_from_weights
 from tether.errors import ConfigError
+from tether.models.memory_plan import Strategy
 from tether.models.precision import DType, resolve_device
 from tether.models.threads import strict_matmul
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
+    PendingCheckpoint,
     latest_checkpoint,
     load_checkpoint,
     load_extra,
-    save_checkpoint,
+    start_checkpoint,
     truncate_metrics,
 )
 from tether.rl.config import (
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tether.engine.llm_engine import LLMEngine
+    from tether.rl.distributed import LearnerGroup
 
 Metrics = dict[str, float]
 
@@ -161,6 +164,7 @@ class Trainer:
         self.step = 0  # completed steps
         self.cursors: dict[str, int] = {}
         self.stop_requested = False
+        self._pending: PendingCheckpoint | None = None  # a checkpoint still being written
         self._rollout_threads: int | None = None  # async runs: torch threads of the rollout thread
         self.weight_store = WeightStore()  # async mode: the policy versions batches are generated with
         self.params = sampling_params(config.rollout)
@@ -175,9 +179,7 @@ class Trainer:
         """Create the run directory, or (resume) reload the latest checkpoint from it."""
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
-            load_checkpoint(
-                checkpoint, self.learner.trainable, self.learner.optimizer, self.learner.scheduler
-            )
+            load_checkpoint(checkpoint, self.learner)
             self.step = checkpoint.step
             self.cursors = {k: int(v) for k, v in checkpoint.trainer["cursors"].items()}
             if self.config.run.mode is Mode.SYNC:  # async: the rollout thread loads what each batch needs
@@ -196,20 +198,31 @@ class Trainer:
         (self.run_dir / "config.toml").write_text(dump_config(self.config))
 
     def checkpoint(self) -> Path:
-        """Save a checkpoint of the current step and redraw `report.html` up to it."""
-        path = save_checkpoint(
+        """Save a checkpoint of the current step and redraw `report.html` up to it. With
+        `learner.async_checkpoint` its files are written in the background while training goes on, and
+        it becomes the latest when they are done (`finish_checkpoint`: at the next checkpoint, at the
+        end of the run, or on close); a run killed before then resumes from the previous one."""
+        self.finish_checkpoint()
+        self._pending = start_checkpoint(
             self.run_dir,
             self.step,
-            self.learner.trainable,  # LoRA: the adapters only
-            self.learner.optimizer,
-            self.learner.scheduler,
+            self.learner,  # LoRA: the adapters only
             {"cursors": self.cursors},
             keep=self.config.run.keep_checkpoints,
             # async: weights of older versions that batches still to be generated need
             extra={"snapshots": self.weight_store.versions(below=self.step)},
         )
-        write_report(self.run_dir)
+        path = self._pending.final
+        if not self.config.learner.async_checkpoint:
+            self.finish_checkpoint()
         return path
+
+    def finish_checkpoint(self) -> None:
+        """Make the checkpoint being written the latest, once its files are all written."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.wait()
+            write_report(self.run_dir)
 
     def maybe_checkpoint(self) -> None:
         if self.step % self.config.run.checkpoint_every == 0:
@@ -299,8 +312,15 @@ class Trainer:
         return metrics
 
     def close(self) -> None:
-        """Stop the rollout source (its sandbox pool and event loop, or its workers)."""
-        self.rollouts.close()
+        """Stop the rollout source (its sandbox pool and event loop, or its workers), then the learner
+        (a sharded one: its other ranks)."""
+        try:
+            self.finish_checkpoint()
+        finally:
+            try:
+                self.rollouts.close()
+            finally:
+                self.learner.close()
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -327,6 +347,7 @@ class Trainer:
                 history = self._run_sync(on_step)
             if final_checkpoint and self.step % self.config.run.checkpoint_every != 0:
                 self.checkpoint()
+            self.finish_checkpoint()
         finally:
             torch.set_num_threads(threads)
             self._rollout_threads = None
@@ -384,11 +405,13 @@ def learner_options(config: TrainConfig) -> dict[str, Any]:
         "max_new_tokens": config.rollout.max_new_tokens,
         "lora": config.model.lora,
         "tis_cap": config.algorithm.tis_cap,
+        "async_checkpoint": config.learner.async_checkpoint,
     }
 
 
-def make_learner(config: TrainConfig, device: str) -> Learner:
-    """The learner of `config` on `device` (in this process or the Ray learner actor's)."""
+def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = None) -> Learner:
+    """The learner of `config` on `device` (in this process or the Ray learner actor's); with
+    `learner.strategy = "fsdp"`, this rank's `ShardedLearner` over `group`."""
     from tether.models import load
 
     model_config = config.model
@@ -399,7 +422,34 @@ def make_learner(config: TrainConfig, device: str) -> Learner:
     if config.algorithm.kl_coef > 0:
         reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
     bf16 = model_config.dtype is DType.BFLOAT16
+    if config.learner.strategy is Strategy.FSDP:
+        from tether.rl.sharded import ShardedLearner
+
+        assert group is not None, "a sharded learner needs its process group"
+        return ShardedLearner(
+            model,
+            group,
+            config.learner,
+            compute_dtype=model_config.dtype.torch,
+            reference=reference,
+            **learner_options(config),
+        )
     return Learner(model, reference=reference, bf16=bf16, **learner_options(config))
+
+
+def open_learner(config: TrainConfig) -> Learner:
+    """This process's learner; with `learner.strategy = "fsdp"`, rank 0 of its group (torchrun's ranks,
+    or ranks 1..N-1 started here), the group closed again if the learner cannot be made."""
+    if config.learner.strategy is not Strategy.FSDP:
+        return make_learner(config, config.model.device)
+    from tether.rl.ranks import open_learner_group
+
+    group = open_learner_group(config)
+    try:
+        return make_learner(config, str(group.device), group)
+    except BaseException:
+        group.close()
+        raise
 
 
 def build_trainer(
@@ -422,14 +472,14 @@ def build_trainer(
         return build_ray_trainer(config, registry, sandbox, resume)
     torch.manual_seed(config.run.seed)
     ctx = ScoringContext(sandbox)
+    rollouts: RolloutSource | None = None
     if config.rollout_backend.remote:  # checks the mixture before any model loads
         rollouts = server_rollouts(config, registry, ctx, sampling_params(config.rollout))
-        try:
-            learner = make_learner(config, config.model.device)
-        except BaseException:
+    try:
+        engine, tokenizer = (None, None) if rollouts is not None else make_engine(config, config.model.device)
+        learner = open_learner(config)
+    except BaseException:
+        if rollouts is not None:
             rollouts.close()
-            raise
-        return open_run(Trainer(config, None, None, learner, registry, ctx, rollouts=rollouts), resume)
-    engine, tokenizer = make_engine(config, config.model.device)
-    learner = make_learner(config, config.model.device)
-    return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx), resume)
+        raise
+    return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx, rollouts=rollouts), resume)
