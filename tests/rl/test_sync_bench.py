@@ -24,6 +24,7 @@ runner = CliRunner()
         ("engines", 0, r"engines = 0: expected an integer >= 1"),
         ("repeats", 0, r"repeats = 0: expected an integer >= 1"),
         ("warmup", -1, r"warmup = -1: expected an integer >= 0"),
+        ("learner_steps", -1, r"learner_steps = -1: expected an integer >= 0"),
         ("object_store_mib", 0.5, r"object_store_mib = 0.5"),
         ("device", "tpu", r"bench-sync device = 'tpu': expected auto, cpu, cuda or cuda:N"),
         ("backend", "nccl", r"backend = 'nccl' needs the engines on CUDA: add --device cuda"),
@@ -52,8 +53,10 @@ def test_cli_smoke_run_times_every_path_on_two_engines_and_prints_one_json_objec
         assert printed[f"{path}_s"] > 0 and len(printed["seconds"][path]) == 1
     speedup = printed["object_store_s"] / printed["collective_s"]
     assert printed["collective_speedup_vs_object_store"] == pytest.approx(speedup)
-    assert printed["fsdp2_max_abs_diff_vs_single"] is None and printed["rank_memory_ratio_2_vs_1"] is None
-    assert "not measured" in printed["fsdp2_note"]
+    # The sharded learner, one step on the same batch single and as 2 gloo ranks: equal, half the memory.
+    assert printed["learner_steps"] == 1
+    assert printed["fsdp2_max_abs_diff_vs_single"] < 1e-5
+    assert printed["rank_memory_ratio_2_vs_1"] <= 0.55
     assert len(printed["loadavg"]) == 2
 
 
@@ -62,3 +65,5 @@ def test_smollm2_weights_reach_two_engines_faster_by_collective_than_by_object_s
     result = run_sync_bench(SyncBenchConfig())
     assert result["bytes"] > 500 * 2**20
     assert result["collective_s"] < result["object_store_s"], result
+    assert result["fsdp2_max_abs_diff_vs_single"] < 1e-5
+    assert result["rank_memory_ratio_2_vs_1"] <= 0.55

@@ -107,7 +107,14 @@ def sync_table(result: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column == "path" else "right")
     for name, seconds in result["seconds"].items():
         table.add_row(name, f"{result[f'{name}_s']:.2f}", " ".join(f"{s:.2f}" for s in seconds))
-    table.caption = f"collective_speedup_vs_object_store {result['collective_speedup_vs_object_store']:.2f}"
+    caption = [f"collective_speedup_vs_object_store {result['collective_speedup_vs_object_store']:.2f}"]
+    if result["fsdp2_max_abs_diff_vs_single"] is not None:
+        caption.append(
+            f"FSDP2 (2 ranks) vs single: weights within {result['fsdp2_max_abs_diff_vs_single']:.1e}, "
+            f"rank memory {result['rank_memory_ratio_2_vs_1']:.3f}x, step "
+            f"{result['step_s_2_ranks']:.2f} s vs {result['step_s_single']:.2f} s (cores shared)"
+        )
+    table.caption = "\n".join(caption)
     return table
 
 
@@ -125,6 +132,12 @@ def bench_sync_command(
         str, typer.Option("--backend", help="Collective backend: gloo, or nccl (a GPU per rank).")
     ] = "gloo",
     device: Annotated[str, typer.Option("--device", help="The engines' device: cpu or cuda.")] = "cpu",
+    learner_steps: Annotated[
+        int,
+        typer.Option(
+            "--learner-steps", help="Learner steps single and as 2 FSDP2 ranks on the same batches (0: skip)."
+        ),
+    ] = 3,
     smoke: Annotated[
         bool, typer.Option("--smoke", help="A tiny random model and one version per path (seconds).")
     ] = False,
@@ -138,7 +151,8 @@ def bench_sync_command(
     ] = False,
 ) -> None:
     """Median seconds to bring new weights to engine processes: Ray's object store, a safetensors folder
-    and the collective broadcast, on the same engines in the same run."""
+    and the collective broadcast, on the same engines in the same run; then the FSDP2 learner's weight
+    gap to the single-process learner and its per-rank memory."""
     with user_errors(), tempfile.TemporaryDirectory(prefix="tether-bench-sync-model-") as folder:
         from tether.rl.sync_bench import SyncBenchConfig, run_sync_bench, smoke_config
 
@@ -154,6 +168,7 @@ def bench_sync_command(
                 bucket_mib=bucket_mib,
                 backend=backend,
                 device=device,
+                learner_steps=learner_steps,
             )
         )
         with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):

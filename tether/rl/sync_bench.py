@@ -7,8 +7,9 @@ one torch thread) take every version by each path in turn, in the same run: Ray'
 (`WeightSender` over a gloo or NCCL group). A path's time runs from the sender holding the tensors to
 every engine serving the new version (its `AsyncEngine` has applied it); after each, every engine's
 version and a probe tensor are checked. The paths alternate over the repeats, so that load on a shared
-machine falls on all of them; each figure is a median. The sharded learner's figures are only reserved
-here (null until it provides them). Nothing is printed.
+machine falls on all of them; each figure is a median. The sharded learner is
+then trained `learner_steps` steps single and as 2 FSDP2 ranks on the same batches (the ranks share this
+machine's cores: their step time is reported, not compared). Nothing is printed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ Progress = Callable[[str], None]
 PATHS = ("object_store", "safetensors", "collective")
 PROBE = "model.norm.weight"
 """A small tensor each version changes, so that an engine's copy shows which version it holds."""
-NOT_MEASURED = "not measured here: the sharded learner's bench fills these in"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +61,19 @@ class SyncBenchConfig:
     object_store_mib: int = 2048
     """Object store of the Ray cluster the bench starts (none when one is already running)."""
     timeout_s: float = 600.0
+    learner_steps: int = 3
+    """Steps of the learner trained single and as 2 FSDP2 ranks on the same batches (0: skip), for the
+    sharded learner's weight gap and per-rank memory (`parity.compare_with_single`)."""
 
     def __post_init__(self) -> None:
         for name in ("engines", "repeats", "kv_cache_mib", "object_store_mib"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"bench-sync {name} = {value!r}: expected an integer >= 1")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ConfigError(f"bench-sync warmup = {self.warmup!r}: expected an integer >= 0")
+        for name in ("warmup", "learner_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"bench-sync {name} = {value!r}: expected an integer >= 0")
         self.sync_config()  # the collective's settings are checked where they are defined
         cuda = resolve_device(self.device, "bench-sync device").type == "cuda"
         if self.backend == "nccl" and not cuda:
@@ -85,11 +90,12 @@ class SyncBenchConfig:
 
 
 def smoke_config(folder: Path) -> SyncBenchConfig:
-    """A seconds-long run: a tiny random model written into `folder`, one measured version per path."""
+    """A seconds-long run: a tiny random model written into `folder`, one measured version per path, one
+    learner step."""
     from tether.testing import make_tiny_model
 
     return SyncBenchConfig(
-        model=str(make_tiny_model(folder, "llama")), repeats=1, warmup=0, bucket_mib=1 / 64
+        model=str(make_tiny_model(folder, "llama")), repeats=1, warmup=0, bucket_mib=1 / 64, learner_steps=1
     )
 
 
@@ -228,6 +234,15 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     medians = {name: statistics.median(values[config.warmup :]) for name, values in times.items()}
+    learner: dict[str, float | None] = {
+        "fsdp2_max_abs_diff_vs_single": None,
+        "rank_memory_ratio_2_vs_1": None,
+    }
+    if config.learner_steps:
+        from tether.rl.parity import compare_with_single
+
+        progress(f"learner: {config.learner_steps} steps single, then as 2 FSDP2 ranks")
+        learner = dict(compare_with_single(config.model, config.learner_steps, 2, config.cache_dir))
     return {
         "model": config.model,
         "engines": config.engines,
@@ -246,9 +261,8 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
         "collective_speedup_vs_object_store": medians["object_store"] / medians["collective"],
         "collective_speedup_vs_safetensors": medians["safetensors"] / medians["collective"],
         "seconds": {name: [round(s, 4) for s in values] for name, values in times.items()},
-        "fsdp2_max_abs_diff_vs_single": None,
-        "rank_memory_ratio_2_vs_1": None,
-        "fsdp2_note": NOT_MEASURED,
+        **learner,
+        "learner_steps": config.learner_steps,
         "torch_threads_per_engine": 1,
         "cores": os.cpu_count(),
         "loadavg": [round(load_before, 2), round(load_after, 2)],
