@@ -55,7 +55,9 @@ class _Forward(torch.nn.Module):
         self.model = model
 
     def forward(self, run: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
-        return run()
+        # The per-sample logprobs are views of one tensor; FSDP hooks its backward on each output and
+        # warns that an in-place op on a view would skip it. Copies (a few thousand floats) cannot.
+        return [logprobs.clone() for logprobs in run()]
 
 
 def _owners(module: torch.nn.Module) -> list[torch.nn.Module]:
