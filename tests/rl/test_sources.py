@@ -54,6 +54,16 @@ ENVS = {"envs": {"weights": {"math/arithmetic": 1.0}}}
             {"backend": "local"},
             "rollout.backend = 'local' runs the engine in the learner",
         ),
+        (
+            {},
+            {"backend": "vllm", "base_urls": ["http://h:1"], "weight_sync": "collective"},
+            "rollout.weight_sync = 'collective' does not apply to rollout.backend = 'vllm', which accepts "
+            "'auto', 'safetensors'",
+        ),
+        ({}, {"backend": "ray", "weight_sync": "safetensors"}, "which accepts 'auto', 'collective', 'obj"),
+        ({}, {"weight_sync": "object_store"}, "rollout.backend = 'local', which accepts 'auto'"),
+        ({}, {"backend": "ray", "weight_sync": "nccl"}, "rollout.weight_sync = 'nccl': Input should be"),
+        ({}, {"backend": "ray", "sync_host": "h"}, "rollout.sync_host is read only with rollout.backend"),
     ],
 )
 def test_bad_rollout_backend_settings_are_named(
@@ -71,6 +81,25 @@ def test_rollouts_follow_run_backend_unless_rollout_backend_says_otherwise(
     run: dict[str, object], rollout: dict[str, object], expected: str
 ) -> None:
     assert parse_config({**ENVS, "run": run, "rollout": rollout}).rollout_backend == expected
+
+
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({}, "auto"),
+        ({"backend": "ray"}, "collective"),
+        ({"backend": "ray", "weight_sync": "object_store"}, "object_store"),
+        ({"backend": "sglang", "base_urls": ["http://h:1"]}, "collective"),
+        ({"backend": "sglang", "base_urls": ["http://h:1"], "weight_sync": "safetensors"}, "safetensors"),
+        ({"backend": "vllm", "base_urls": ["http://h:1"]}, "safetensors"),
+    ],
+)
+def test_weight_sync_auto_resolves_to_each_backends_default(
+    rollout: dict[str, object], expected: str
+) -> None:
+    config = parse_config({**ENVS, "rollout": rollout})
+    assert config.weight_sync == expected
+    assert parse_config(json.loads(json.dumps(config.model_dump(mode="json")))) == config
 
 
 @pytest.fixture
