@@ -6,10 +6,12 @@ the run directory, checkpoints and resume); only where rollouts are made and whe
 A learner in the driver's process pushes to worker actors; a learner actor may push to a server fleet.
 Each rollout worker owns an `LLMEngine` with its own copy of the policy and scores with the environments
 (and its own sandbox pool); the learner actor owns the model and optimizer. All actors share one
-placement group sized from `[ray]`. After each update the learner's weights go into Ray's object store
-once and every worker pulls them, tagged with the policy version, so recorded versions and the
-`max_staleness` bound hold across processes. The driver keeps a CPU copy of the learner's state that is
-refreshed only to write a checkpoint (and sent out after a resume). Ray is imported only here.
+placement group sized from `[ray]`. After each update the learner's weights reach every worker tagged with
+the policy version, so recorded versions and the `max_staleness` bound hold across processes: by a
+broadcast over a torch.distributed group from wherever the learner is (`ray_sync.py`, the default), or
+with `rollout.weight_sync = "object_store"` once into Ray's object store, every worker pulling them.
+The driver keeps a CPU copy of the learner's state that is refreshed only to write a checkpoint (and
+sent out after a resume). Ray is imported only here.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tether.engine.weight_receiver import WeightReceiver
+from tether.engine.weight_sync import SyncBackend, WeightSender, WeightSyncConfig
 from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
-from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig
+from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, WeightSync
 from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
 from tether.rl.sources import EngineRollouts, Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import (
@@ -136,12 +141,22 @@ class RolloutWorker:
         engine, tokenizer = make_engine(config, config.model.device)
         params = sampling_params(config.rollout)
         self.rollouts = EngineRollouts(engine, tokenizer, registry, ScoringContext(sandbox), params)
+        self.receiver: WeightReceiver | None = None
 
     def generate(self, plans: list[PromptPlan]) -> Generated:
         return self.rollouts.generate(plans)
 
     def load(self, weights: Weights, version: int) -> None:
         self.rollouts.load(weights.items(), version)
+
+    def join_sync(self, config: WeightSyncConfig, rank: int) -> None:
+        """Join the run's weight-sync group as engine `rank` (returns once every rank has joined)."""
+        self.receiver = WeightReceiver(self.rollouts.engine, config, rank)
+
+    def receive(self) -> int | None:
+        """Take the sender's next message: the version the engine now serves, or None (refused, closed)."""
+        assert self.receiver is not None, "join_sync first"
+        return self.receiver.receive()
 
     def version(self) -> int:
         return self.rollouts.engine.policy_version
@@ -176,6 +191,7 @@ class LearnerActor:
         _use_cpus(cpus)
         torch.manual_seed(config.run.seed)
         self.learner = make_learner(config, config.model.device)
+        self.sender: WeightSender | None = None
 
     def device(self) -> str:
         """Where the learner runs; answering at all means the model has loaded."""
@@ -202,20 +218,50 @@ class LearnerActor:
         learner.optimizer.load_state_dict(state.optimizer)
         learner.scheduler.load_state_dict(state.scheduler)
 
+    def open_sync(self, settings: WeightSyncConfig) -> WeightSyncConfig:
+        """Host the weight-sync group's store on this node; returns what the engines join it with."""
+        host = require_ray().util.get_node_ip_address()
+        self.sender = WeightSender(replace(settings, host=host))
+        return replace(self.sender.config, port=self.sender.port)
+
+    def connect_sync(self) -> None:
+        assert self.sender is not None, "open_sync first"
+        self.sender.connect()
+
+    def send_weights(self, version: int, weights: Weights | None) -> None:
+        """Broadcast `weights` (None: the learner's own, as they are now) as `version`; returns once every
+        engine serves it."""
+        assert self.sender is not None, "open_sync first"
+        self.sender.send(self.learner.weights() if weights is None else weights, version)
+        self.sender.wait_applied(version)
+
+    def close_sync(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+
 
 # --- the driver's side ------------------------------------------------------------------------------
 
 
 class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
-    """The learner's weights of one version in Ray's object store.
+    """The learner actor's weights as they are when first used (at once: the driver pushes or snapshots
+    them before the next step).
 
-    Rollout workers pull `ref` themselves (`RayRollouts.load`); iterating fetches the tensors to the
-    driver, which only async mode's weight snapshots need."""
+    Over a collective the actor broadcasts them itself; for the object store they are copied there on
+    first use of `ref` and rollout workers pull them (`RayRollouts.load`); iterating fetches the tensors
+    to the driver, which only async mode's weight snapshots need."""
 
-    def __init__(self, ray: ModuleType, ref: Any) -> None:
+    def __init__(self, ray: ModuleType, actor: Any) -> None:
         self.ray = ray
-        self.ref = ref
+        self.actor = actor
+        self._ref: Any = None
         self._items: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    @property
+    def ref(self) -> Any:
+        if self._ref is None:
+            self._ref = self.actor.weights.remote()
+        return self._ref
 
     def __next__(self) -> tuple[str, torch.Tensor]:
         if self._items is None:
@@ -238,7 +284,7 @@ class RemoteLearner(Learner):
         return stats
 
     def weights(self) -> RemoteWeights:
-        return RemoteWeights(self.ray, self.actor.weights.remote())
+        return RemoteWeights(self.ray, self.actor)
 
     def pull(self) -> None:
         state: LearnerState = self.ray.get(self.actor.state.remote())
@@ -256,9 +302,13 @@ class RemoteLearner(Learner):
 class RayRollouts:
     """A `RolloutSource` over rollout worker actors: each generates and scores a shard of the prompts."""
 
-    def __init__(self, ray: ModuleType, workers: Sequence[Any]) -> None:
+    def __init__(
+        self, ray: ModuleType, workers: Sequence[Any], collective: CollectiveSync | None = None
+    ) -> None:
         self.ray = ray
         self.workers = list(workers)
+        self.collective = collective  # None: weights travel through the object store
+        self._version = 0  # the version every worker holds (they start with the model's own, 0)
 
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         shards = shard_plans(plans, len(self.workers))
@@ -267,9 +317,16 @@ class RayRollouts:
         return merge_shards(plans, outputs)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """One copy into the object store (the learner's own when it comes from it); every worker pulls."""
-        ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
-        self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
+        """Broadcast from where the weights are (the learner actor's own, or this process's), or one copy
+        into the object store (the learner actor's own when they come from it) that every worker pulls."""
+        if version == self._version:
+            return  # a version's weights never change (version 0: the engines loaded them themselves)
+        if self.collective is not None:
+            self.collective.push(None if isinstance(weights, RemoteWeights) else weights, version)
+        else:
+            ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
+            self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
+        self._version = version
 
     def versions(self) -> list[int]:
         """The policy version each worker's engine holds."""
@@ -277,7 +334,11 @@ class RayRollouts:
         return versions
 
     def close(self) -> None:
-        self.ray.get([worker.close.remote() for worker in self.workers])
+        try:
+            if self.collective is not None:
+                self.collective.close()
+        finally:
+            self.ray.get([worker.close.remote() for worker in self.workers])
 
 
 class RayCluster:
@@ -424,10 +485,15 @@ def build_ray_trainer(
                 )
                 for index in range(section.rollout_workers)
             ]
-            rollouts = RayRollouts(ray, workers)
             # Wait for every actor's model, so that a failing one stops the run here and step 1's
             # timings measure the step, not the actors' start.
-            rollouts.versions()
+            ray.get([worker.version.remote() for worker in workers])
+            collective = None
+            if config.weight_sync is WeightSync.COLLECTIVE:
+                cuda = config.model.device.startswith("cuda")
+                backend = SyncBackend.NCCL if cuda else SyncBackend.GLOO
+                collective = CollectiveSync.start(ray, workers, actor if learner_actor else None, backend)
+            rollouts = RayRollouts(ray, workers, collective)
         else:
             rollouts = servers
         if learner_actor:
