@@ -50,7 +50,7 @@ class FakeSGLangState:
 
 def join_from_public_types(body: dict[str, Any]) -> Any:
     """The same group (same store keys) as `join_like_sglang`, registered nowhere: tether's own builder."""
-    from tether.rl.server_sync import WeightsGroup, _backends
+    from tether.rl.server_weights import WeightsGroup, form_group
 
     timeout = timedelta(seconds=30)
     store = TCPStore(body["master_address"], body["master_port"], body["world_size"], False, timeout=timeout)
@@ -61,7 +61,7 @@ def join_from_public_types(body: dict[str, Any]) -> Any:
         body["group_name"],
         SyncBackend(body["backend"]),
     )
-    return _backends(store, body["rank_offset"], group, timeout)
+    return form_group(store, body["rank_offset"], group, timeout)
 
 
 def receive_broadcast(group: Any, tensor: torch.Tensor) -> None:

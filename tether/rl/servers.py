@@ -1,12 +1,12 @@
 """Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source (`sources.py`) spreads
-a step's prompts over, and the safetensors folder their weights travel through.
+a step's prompts over.
 
 A client generates n samples from token ids (token ids, behaviour logprobs and the policy version of every
 token come back; nothing is re-tokenized) and loads weights a transport has put somewhere the server sees.
 A server reports at most one weight version per response, so a client makes versions exact on its side:
 an update waits for the requests in flight and later requests wait for the update (the engine's `wait`
-policy). Weights travel through a safetensors folder (here) or, for SGLang, over a process group
-(`server_sync.py`); vLLM's NCCL and IPC weight-transfer engines are not implemented.
+policy). How weights reach the servers (a safetensors folder, or for SGLang a process group) is
+`server_weights.py`; vLLM's NCCL and IPC weight-transfer engines are not implemented.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import shutil
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -30,7 +28,7 @@ from tether.errors import ConfigError, TetherError
 from tether.rl.config import URL_PATTERN, RolloutBackend
 
 if TYPE_CHECKING:
-    from tether.rl.server_sync import WeightsGroup
+    from tether.rl.server_weights import WeightsGroup
 
 Tensors = list[tuple[str, torch.Tensor]]
 
@@ -73,45 +71,6 @@ class ServerSample:
     @property
     def policy_versions(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.versions)))
-
-
-@dataclass(frozen=True, slots=True)
-class SafetensorsDirTransport:
-    """Writes each version to `root/v{version}/model.safetensors` (in `dtype`, unset: as given); the servers
-    must see `root` at the same path (a shared or local disk). Tensor names must be the servers' (Hugging
-    Face) parameter names. `keep_only` deletes the versions no server can still be asked to load."""
-
-    root: Path
-    dtype: torch.dtype | None = None
-
-    def folder(self, version: int) -> Path:
-        return self.root.absolute() / f"v{version}"
-
-    async def send(self, tensors: Tensors, version: int) -> str:
-        """Write `version`'s tensors; returns the folder (absolute: the servers resolve it, not us)."""
-        from safetensors.torch import save_file
-
-        folder = self.folder(version)
-        contiguous = {
-            name: tensor.detach().to(device="cpu", dtype=self.dtype or tensor.dtype).contiguous()
-            for name, tensor in tensors
-        }
-        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-        await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
-        return str(folder)
-
-    async def deliver(self, servers: Sequence[RolloutServer], tensors: Tensors, version: int) -> None:
-        """Write `version` once; every server loads it."""
-        await update_fleet(servers, tensors, await self.send(tensors, version), version)
-
-    def keep_only(self, version: int) -> None:
-        """Delete every version folder but `version`'s: once every server loaded it, no older one is read
-        again (a resumed run pushes its version anew). Other files under `root` are left alone."""
-        if not self.root.is_dir():
-            return
-        for entry in self.root.iterdir():
-            if entry.is_dir() and re.fullmatch(r"v\d+", entry.name) and entry.name != f"v{version}":
-                shutil.rmtree(entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,7 +305,7 @@ class SGLangServer(RolloutServer):
         `meta_info.finish_reason.type` and `meta_info.weight_version`, which must be ours once we loaded
     weights. Weights:
         `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, or over a
-        group (`server_sync.py`) `POST /init_weights_update_group` once, then per version
+        group (`server_weights.py`) `POST /init_weights_update_group` once, then per version
         `POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
         "flush_cache": true, "weight_version"}`; each answered `{"success": bool, "message": str}`.
     """
@@ -428,19 +387,6 @@ def _succeeded(answer: object, what: str) -> None:
     if not isinstance(answer, dict) or answer.get("success") is not True:
         message = answer.get("message") if isinstance(answer, dict) else answer
         raise ServerError(f"{what}: {message}")
-
-
-async def update_fleet(
-    servers: Sequence[RolloutServer], tensors: Tensors, location: str | WeightsGroup, version: int
-) -> None:
-    """Every server loads `location` as `version`. Not cancelled when one fails (a server left halfway
-    through a load holds unknown weights): all finish, then the first failure is raised."""
-    outcomes = await asyncio.gather(
-        *(server.update_weights(tensors, location, version) for server in servers), return_exceptions=True
-    )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
 
 
 def _check_prompt(prompt_token_ids: Iterable[int]) -> list[int]:

@@ -26,11 +26,10 @@ from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, WeightSync
 from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
-from tether.rl.server_sync import CollectiveTransport
+from tether.rl.server_weights import CollectiveTransport, SafetensorsDirTransport
 from tether.rl.servers import (
     SERVERS,
     RolloutServer,
-    SafetensorsDirTransport,
     ServerConfig,
     ServerSample,
 )

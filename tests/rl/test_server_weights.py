@@ -1,4 +1,4 @@
-"""Weights to SGLang servers over a process group (`server_sync.py`) against fake servers that join it as
+"""Weights to SGLang servers over a process group (`server_weights.py`) against fake servers that join it as
 SGLang does (torch's own group helper) and receive real broadcasts: the bytes arrive in every server of a
 fleet, versions advance, and a refusal fails the update, names the server's reason and is not retried on a
 group left halfway."""
@@ -13,7 +13,7 @@ import torch
 
 from tests.live_server import live_server
 from tether.engine.weight_sync import SyncBackend
-from tether.rl.server_sync import CollectiveTransport, WeightsGroup
+from tether.rl.server_weights import CollectiveTransport, WeightsGroup
 from tether.rl.servers import ServerConfig, ServerError, SGLangServer
 
 from .fake_sglang import FakeSGLangState, create_fake_sglang

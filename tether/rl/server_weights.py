@@ -1,7 +1,8 @@
-"""Weights to a fleet of SGLang servers over a collective (`[rollout] weight_sync = "collective"`).
+"""How a version's weights reach a fleet of rollout servers (`[rollout] weight_sync`): a safetensors folder
+each server loads, or for SGLang a broadcast over a process group spanning the trainer and the fleet.
 
-SGLang's documented protocol ("Update weights from distributed" in its native API; the request fields of
-`InitWeightsUpdateGroupReqInput` and `UpdateWeightsFromDistributedReqInput` in
+The broadcast follows SGLang's documented protocol ("Update weights from distributed" in its native API;
+the request fields of `InitWeightsUpdateGroupReqInput` and `UpdateWeightsFromDistributedReqInput` in
 `sglang/srt/managers/io_struct.py`): `POST /init_weights_update_group {master_address, master_port,
 rank_offset, world_size, group_name, backend}` makes the server join a process group whose rank 0 is the
 trainer, and each `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
@@ -14,25 +15,81 @@ in the engines' dtype, to every server. The server forms its group with torch's 
 `init_custom_process_group`: a `tcp://` rendezvous, then `_new_process_group_helper`); the trainer builds
 the same group from public types, on a store it hosts, so it registers nothing in torch's global state.
 Not covered: tensor-parallel servers (tp_size ranks each) and vLLM, whose NCCL weight-transfer engine
-uses its own communicator, not a torch group (its servers load safetensors folders, `servers.py`).
+uses its own communicator, not a torch group (its servers load safetensors folders).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 # torch.distributed.TCPStore and friends, documented there; typed stubs export them from here only.
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from tether.engine.weight_sync import SyncBackend
-from tether.rl.servers import RolloutServer, ServerError, Tensors, update_fleet
+from tether.rl.servers import RolloutServer, ServerError, Tensors
+
+
+@dataclass(frozen=True, slots=True)
+class SafetensorsDirTransport:
+    """Writes each version to `root/v{version}/model.safetensors` (in `dtype`, unset: as given); the servers
+    must see `root` at the same path (a shared or local disk). Tensor names must be the servers' (Hugging
+    Face) parameter names. `keep_only` deletes the versions no server can still be asked to load."""
+
+    root: Path
+    dtype: torch.dtype | None = None
+
+    def folder(self, version: int) -> Path:
+        return self.root.absolute() / f"v{version}"
+
+    async def send(self, tensors: Tensors, version: int) -> str:
+        """Write `version`'s tensors; returns the folder (absolute: the servers resolve it, not us)."""
+        from safetensors.torch import save_file
+
+        folder = self.folder(version)
+        contiguous = {
+            name: tensor.detach().to(device="cpu", dtype=self.dtype or tensor.dtype).contiguous()
+            for name, tensor in tensors
+        }
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
+        return str(folder)
+
+    async def deliver(self, servers: Sequence[RolloutServer], tensors: Tensors, version: int) -> None:
+        """Write `version` once; every server loads it."""
+        await update_fleet(servers, tensors, await self.send(tensors, version), version)
+
+    def keep_only(self, version: int) -> None:
+        """Delete every version folder but `version`'s: once every server loaded it, no older one is read
+        again (a resumed run pushes its version anew). Other files under `root` are left alone."""
+        if not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            if entry.is_dir() and re.fullmatch(r"v\d+", entry.name) and entry.name != f"v{version}":
+                shutil.rmtree(entry)
+
+
+async def update_fleet(
+    servers: Sequence[RolloutServer], tensors: Tensors, location: str | WeightsGroup, version: int
+) -> None:
+    """Every server loads `location` as `version`. Not cancelled when one fails (a server left halfway
+    through a load holds unknown weights): all finish, then the first failure is raised."""
+    outcomes = await asyncio.gather(
+        *(server.update_weights(tensors, location, version) for server in servers), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +104,7 @@ class WeightsGroup:
     backend: SyncBackend
 
 
-def _backends(store: Store, rank: int, group: WeightsGroup, timeout: timedelta) -> Any:
+def form_group(store: Store, rank: int, group: WeightsGroup, timeout: timedelta) -> Any:
     """The group's backend as torch's `_new_process_group_helper` makes it, on the same keys: its store
     prefixes are the group name (SGLang's), then "<group name>/", then its first device's ("cpu/" for
     gloo, which then serves every device; "cuda/" for NCCL); a sequence number is agreed on the store."""
@@ -113,7 +170,7 @@ class CollectiveTransport:
         )
         store = self._store
         backend, _ = await _together(
-            asyncio.to_thread(_backends, store, 0, group, self.timeout),
+            asyncio.to_thread(form_group, store, 0, group, self.timeout),
             asyncio.gather(*(server.join_group(group, 1 + index) for index, server in enumerate(servers))),
         )
         self._data = backend
