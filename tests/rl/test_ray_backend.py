@@ -27,15 +27,8 @@ from tests.live_server import live_server
 from tether.cli.main import app
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, parse_config
-from tether.rl.ray_backend import (
-    RayCluster,
-    RayRollouts,
-    RayTrainer,
-    build_ray_trainer,
-    merge_shards,
-    plan_bundles,
-    shard_plans,
-)
+from tether.rl.ray_backend import RayCluster, RayRollouts, RayTrainer, build_ray_trainer
+from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sources import Generated
 from tether.rl.trainer import build_trainer

@@ -36,6 +36,7 @@ from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
 from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, WeightSync
 from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
 from tether.rl.sources import EngineRollouts, Generated, RolloutSource, server_rollouts
@@ -47,7 +48,6 @@ from tether.rl.trainer import (
     open_run,
     sampling_params,
 )
-from tether.scheduler.ray_backend import PlacementGroupPlan
 
 if TYPE_CHECKING:
     from tether.envs.base import SandboxProvider
@@ -67,59 +67,6 @@ def require_ray(setting: str = "run.backend") -> ModuleType:
             f"{setting} = 'ray' needs Ray, which is not installed: pip install 'tether[ray]' "
             f"(or set {setting} = 'local')"
         ) from None
-
-
-# --- pure planning -----------------------------------------------------------------------------------
-
-
-def plan_bundles(
-    name: str, ray: RaySection, learner: bool = True, workers: bool = True
-) -> PlacementGroupPlan:
-    """Bundle 0 for the learner (if it is an actor), then one per rollout worker (if they are actors);
-    PACK keeps them on as few nodes as fit."""
-
-    def bundle(cpus: float, gpus: float) -> dict[str, float]:
-        return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
-
-    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)] if learner else []
-    bundles += [
-        bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers if workers else 0)
-    ]
-    return PlacementGroupPlan(name=f"tether-{name}", bundles=tuple(bundles), strategy="PACK")
-
-
-def shard_plans(plans: Sequence[PromptPlan], workers: int) -> list[list[PromptPlan]]:
-    """Contiguous, near-equal shards, one per worker (possibly empty), each renumbered from group 0.
-
-    A worker's rollouts name their prompt by its index in the worker's shard (`score_groups` looks the
-    task up by it); `merge_shards` maps them back. Sampling seeds stay with their plan."""
-    assert workers >= 1
-    size, extra = divmod(len(plans), workers)
-    shards, start = [], 0
-    for index in range(workers):
-        end = start + size + (index < extra)
-        shards.append([replace(plan, group=local) for local, plan in enumerate(plans[start:end])])
-        start = end
-    return shards
-
-
-def merge_shards(plans: Sequence[PromptPlan], outputs: Sequence[Generated]) -> Generated:
-    """The workers' outputs (in shard order) as one `Generated` in plan order, their rollouts' groups
-    renumbered in place; the timings are the slowest worker's (they run in parallel)."""
-    tasks, rollouts, offset = [], [], 0
-    for out in outputs:
-        tasks.extend(out.tasks)
-        for rollout in out.rollouts:
-            rollout.group = plans[offset + rollout.group].group
-            rollouts.append(rollout)
-        offset += len(out.tasks)
-    assert offset == len(plans), f"workers returned {offset} prompts for {len(plans)} planned"
-    return Generated(
-        tasks,
-        rollouts,
-        max((out.generate_s for out in outputs), default=0.0),
-        max((out.score_s for out in outputs), default=0.0),
-    )
 
 
 # --- the actors (plain classes, wrapped with ray.remote when a run starts) ---------------------------
