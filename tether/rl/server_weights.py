@@ -14,8 +14,11 @@ One group spans the trainer and the whole fleet (server i is rank 1 + i): each t
 in the engines' dtype, to every server. The server forms its group with torch's own helper (SGLang's
 `init_custom_process_group`: a `tcp://` rendezvous, then `_new_process_group_helper`); the trainer builds
 the same group from public types, on a store it hosts, so it registers nothing in torch's global state.
-Not covered: tensor-parallel servers (tp_size ranks each) and vLLM, whose NCCL weight-transfer engine
-uses its own communicator, not a torch group (its servers load safetensors folders).
+Not covered: tensor-parallel servers (tp_size ranks each), and vLLM: its weight-transfer endpoints
+(`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`, `/finish_weight_update`;
+docs.vllm.ai "Weight Transfer" and `vllm.distributed.weight_transfer.nccl_common`) broadcast through a
+`PyNcclCommunicator` over vLLM's `StatelessProcessGroup`, NCCL on CUDA only, not a torch group that gloo
+could stand in for on CPU; its servers load safetensors folders.
 """
 
 from __future__ import annotations
