@@ -136,6 +136,7 @@ class LearnerActor:
 
     def __init__(self, config: TrainConfig, cpus: float) -> None:
         _use_cpus(cpus)
+        self.cpus = cpus
         torch.manual_seed(config.run.seed)
         self.learner = make_learner(config, config.model.device)
         self.sender: WeightSender | None = None
@@ -145,6 +146,7 @@ class LearnerActor:
         return str(self.learner.device)
 
     def step(self, samples: list[Sample]) -> LearnStats:
+        _use_cpus(self.cpus)  # torch's thread count is per thread, and a threaded actor has several
         return self.learner.step(samples)
 
     def weights(self) -> Weights:
@@ -327,11 +329,16 @@ class RayCluster:
                 f"ray.address = {section.address!r}: cannot start or join a Ray cluster: {error}"
             ) from None
 
-    def actor(self, cls: type, bundle: int, cpus: float, gpus: float, *args: Any) -> Any:
+    def actor(
+        self, cls: type, bundle: int, cpus: float, gpus: float, *args: Any, concurrency: int = 1
+    ) -> Any:
+        """An actor of `cls` in `bundle`, running up to `concurrency` of its calls at once (threads)."""
         strategy = self.ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=bundle
         )
-        remote = self.ray.remote(cls).options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy)
+        remote = self.ray.remote(cls).options(
+            num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, max_concurrency=concurrency
+        )
         handle = remote.remote(*args)
         self.actors.append(handle)
         return handle
@@ -410,8 +417,19 @@ def build_ray_trainer(
         section = config.ray
         learner: Learner
         if learner_actor:
+            # Over a collective, async mode's rollout thread has the actor broadcast a snapshot while the
+            # learner thread has it take a step: a second call thread, or the engines' wait for the
+            # broadcast would last as long as a step. Only that pair ever overlaps (the snapshot is the
+            # driver's copy, never the weights being trained).
+            threaded = config.weight_sync is WeightSync.COLLECTIVE and not config.rollout_backend.remote
             actor = cluster.actor(
-                LearnerActor, 0, section.learner_cpus, section.learner_gpus, config, section.learner_cpus
+                LearnerActor,
+                0,
+                section.learner_cpus,
+                section.learner_gpus,
+                config,
+                section.learner_cpus,
+                concurrency=2 if threaded else 1,
             )
             model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
             learner = RemoteLearner(ray, actor, config, model)
