@@ -27,7 +27,13 @@ from tests.live_server import live_server
 from tether.cli.main import app
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, parse_config
-from tether.rl.ray_backend import RayCluster, RayRollouts, RayTrainer, build_ray_trainer
+from tether.rl.ray_backend import (
+    RayCluster,
+    RayRollouts,
+    RayTrainer,
+    RemoteWeights,
+    build_ray_trainer,
+)
 from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sources import Generated
@@ -226,6 +232,10 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
         collective = trainer.rollouts.collective
         assert collective is not None and collective.sender is None and collective.learner is not None
         assert trainer.rollouts.versions() == [3, 3]  # every worker holds the last pushed version
+        weights = trainer.learner.weights()
+        assert isinstance(weights, RemoteWeights)
+        trainer.push(weights, 4)
+        assert trainer.rollouts.versions() == [4, 4] and not weights.copied  # never out of the actor
     finally:
         trainer.close()
     assert [m["step"] for m in history] == [1, 2, 3]

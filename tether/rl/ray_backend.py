@@ -212,6 +212,11 @@ class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
             self._ref = self.actor.weights.remote()
         return self._ref
 
+    @property
+    def copied(self) -> bool:
+        """Whether they were copied out of the actor (into the object store)."""
+        return self._ref is not None
+
     def __next__(self) -> tuple[str, torch.Tensor]:
         if self._items is None:
             weights: Weights = self.ray.get(self.ref)
