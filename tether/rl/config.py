@@ -59,7 +59,7 @@ WEIGHT_SYNCS: dict[RolloutBackend, tuple[WeightSync, ...]] = {
     RolloutBackend.LOCAL: (WeightSync.AUTO,),  # the engine shares the learner's process: nothing travels
     RolloutBackend.RAY: (WeightSync.AUTO, WeightSync.COLLECTIVE, WeightSync.OBJECT_STORE),
     # vLLM's weight-transfer engine speaks NCCL through its own communicator, not a torch group:
-    # not implemented here (servers.py), so its servers load safetensors folders.
+    # not implemented (server_weights.py says why), so its servers load safetensors folders.
     RolloutBackend.VLLM: (WeightSync.AUTO, WeightSync.SAFETENSORS),
     RolloutBackend.SGLANG: (WeightSync.AUTO, WeightSync.COLLECTIVE, WeightSync.SAFETENSORS),
 }
