@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from tests.live_server import live_server
 from tether.cli.main import app
+from tether.engine.weight_sync import WeightSyncError
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ray_backend import (
@@ -236,6 +237,10 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
         assert isinstance(weights, RemoteWeights)
         trainer.push(weights, 4)
         assert trainer.rollouts.versions() == [4, 4] and not weights.copied  # never out of the actor
+        # An older version is refused by every engine before any byte moves; they serve on.
+        with pytest.raises(WeightSyncError, match="version 2 refused, nothing changed"):
+            collective.push(None, 2)
+        assert trainer.rollouts.versions() == [4, 4]
     finally:
         trainer.close()
     assert [m["step"] for m in history] == [1, 2, 3]
