@@ -2,7 +2,9 @@
 
 One Ray cluster (2 CPUs) serves the module. A sync run on two workers reproduces the local backend's
 rewards step for step: the plan, every sampling seed and the weights are the same, and a request's tokens
-do not depend on which engine (or batch) generated it. Async runs keep the staleness bound across
+do not depend on which engine (or batch) generated it; that holds whether the weights are broadcast over
+a collective (from the learner actor, or from this process beside a local learner) or go through the
+object store. Async runs keep the staleness bound across
 processes and resume (marked slow: each run starts its own actors, ~20-40 s here).
 """
 
@@ -23,6 +25,7 @@ from typer.testing import CliRunner
 
 from tests.live_server import live_server
 from tether.cli.main import app
+from tether.engine.weight_sync import WeightSyncError
 from tether.errors import ConfigError
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
@@ -30,11 +33,10 @@ from tether.rl.ray_backend import (
     RayCluster,
     RayRollouts,
     RayTrainer,
+    RemoteWeights,
     build_ray_trainer,
-    merge_shards,
-    plan_bundles,
-    shard_plans,
 )
+from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sources import Generated
 from tether.rl.trainer import build_trainer
@@ -228,7 +230,18 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
     try:
         history = trainer.run()
         assert isinstance(trainer.rollouts, RayRollouts) and trainer.remote is not None
+        # weight_sync's default: the learner actor broadcasts its own weights; the driver only coordinates
+        collective = trainer.rollouts.collective
+        assert collective is not None and collective.sender is None and collective.learner is not None
         assert trainer.rollouts.versions() == [3, 3]  # every worker holds the last pushed version
+        weights = trainer.learner.weights()
+        assert isinstance(weights, RemoteWeights)
+        trainer.push(weights, 4)
+        assert trainer.rollouts.versions() == [4, 4] and not weights.copied  # never out of the actor
+        # An older version is refused by every engine before any byte moves; they serve on.
+        with pytest.raises(WeightSyncError, match="version 2 refused, nothing changed"):
+            collective.push(None, 2)
+        assert trainer.rollouts.versions() == [4, 4]
     finally:
         trainer.close()
     assert [m["step"] for m in history] == [1, 2, 3]
@@ -251,20 +264,25 @@ def test_sync_ray_run_matches_the_local_backend_and_writes_the_same_run_dir(
         assert torch.allclose(saved[name], param.detach(), atol=1e-5), name
 
 
+@pytest.mark.parametrize("weight_sync", ["collective", "object_store"])
 def test_rollout_backend_ray_runs_only_the_engines_as_actors(
-    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType, weight_sync: str
 ) -> None:
     model = tiny_model("qwen3")
     local = make_trainer(tiny_config(model, tmp_path / "local", run={"steps": 2}))
     expected = local.run()
     local.close()
-    # The new spelling: the learner stays in this process, two engine actors make the rollouts.
+    # The learner stays in this process, two engine actors make the rollouts.
     ray = {"rollout_workers": 2, "rollout_cpus": 1.0}
-    config = tiny_config(model, tmp_path / "ray", rollout={"backend": "ray"}, run={"steps": 2}, ray=ray)
+    rollout = {"backend": "ray", "weight_sync": weight_sync}
+    config = tiny_config(model, tmp_path / "ray", rollout=rollout, run={"steps": 2}, ray=ray)
     assert config.run.backend == "local"
     trainer = _ray_trainer(config)
     try:
         assert trainer.remote is None and isinstance(trainer.rollouts, RayRollouts)
+        collective = trainer.rollouts.collective
+        # Collective: the sender is in this process, beside the learner's weights.
+        assert (collective is not None and collective.sender is not None) == (weight_sync == "collective")
         history = trainer.run()
         assert trainer.rollouts.versions() == [2, 2]  # both engines were sent versions 1 and 2
     finally:

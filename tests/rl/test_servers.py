@@ -15,9 +15,9 @@ import torch
 from tests.live_server import live_server
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
+from tether.rl.server_weights import SafetensorsDirTransport
 from tether.rl.servers import (
     RolloutServer,
-    SafetensorsDirTransport,
     ServerConfig,
     ServerError,
     ServerHTTPError,

@@ -54,6 +54,16 @@ ENVS = {"envs": {"weights": {"math/arithmetic": 1.0}}}
             {"backend": "local"},
             "rollout.backend = 'local' runs the engine in the learner",
         ),
+        (
+            {},
+            {"backend": "vllm", "base_urls": ["http://h:1"], "weight_sync": "collective"},
+            "rollout.weight_sync = 'collective' does not apply to rollout.backend = 'vllm', which accepts "
+            "'auto', 'safetensors'",
+        ),
+        ({}, {"backend": "ray", "weight_sync": "safetensors"}, "which accepts 'auto', 'collective', 'obj"),
+        ({}, {"weight_sync": "object_store"}, "rollout.backend = 'local', which accepts 'auto'"),
+        ({}, {"backend": "ray", "weight_sync": "nccl"}, "rollout.weight_sync = 'nccl': Input should be"),
+        ({}, {"backend": "ray", "sync_host": "h"}, "rollout.sync_host is read only with rollout.backend"),
     ],
 )
 def test_bad_rollout_backend_settings_are_named(
@@ -73,6 +83,25 @@ def test_rollouts_follow_run_backend_unless_rollout_backend_says_otherwise(
     assert parse_config({**ENVS, "run": run, "rollout": rollout}).rollout_backend == expected
 
 
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({}, "auto"),
+        ({"backend": "ray"}, "collective"),
+        ({"backend": "ray", "weight_sync": "object_store"}, "object_store"),
+        ({"backend": "sglang", "base_urls": ["http://h:1"]}, "collective"),
+        ({"backend": "sglang", "base_urls": ["http://h:1"], "weight_sync": "safetensors"}, "safetensors"),
+        ({"backend": "vllm", "base_urls": ["http://h:1"]}, "safetensors"),
+    ],
+)
+def test_weight_sync_auto_resolves_to_each_backends_default(
+    rollout: dict[str, object], expected: str
+) -> None:
+    config = parse_config({**ENVS, "rollout": rollout})
+    assert config.weight_sync == expected
+    assert parse_config(json.loads(json.dumps(config.model_dump(mode="json")))) == config
+
+
 @pytest.fixture
 def fleet() -> Iterator[list[tuple[FakeState, str]]]:
     """Two fake vLLM servers, each behind its own socket."""
@@ -84,8 +113,16 @@ def fleet() -> Iterator[list[tuple[FakeState, str]]]:
         yield [(states[0], first), (states[1], second)]
 
 
-def _remote_config(model: Path, out_dir: Path, backend: str, urls: list[str], **run: object) -> TrainConfig:
-    rollout = {"backend": backend, "base_urls": urls, "served_model": "fake", "max_new_tokens": 6}
+def _remote_config(
+    model: Path, out_dir: Path, backend: str, urls: list[str], weight_sync: str = "auto", **run: object
+) -> TrainConfig:
+    rollout = {
+        "backend": backend,
+        "base_urls": urls,
+        "served_model": "fake",
+        "max_new_tokens": 6,
+        "weight_sync": weight_sync,
+    }
     return tiny_config(model, out_dir, rollout=rollout, run={"steps": 2, **run})
 
 
@@ -212,15 +249,17 @@ def test_train_command_runs_two_steps_on_a_vllm_server_and_resumes_on_it(
     assert [line["policy_version"] for line in lines] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("weight_sync", ["collective", "safetensors"])
 def test_training_on_an_sglang_server_advances_its_weight_version(
-    tiny_model: Callable[[str], Path], tmp_path: Path
+    tiny_model: Callable[[str], Path], tmp_path: Path, weight_sync: str
 ) -> None:
     state = FakeSGLangState()
     with live_server(create_fake_sglang(state)) as url:
-        config = _remote_config(tiny_model("qwen3"), tmp_path, "sglang", [url])
+        config = _remote_config(tiny_model("qwen3"), tmp_path, "sglang", [url], weight_sync)
         trainer = build_trainer(config, registry=fake_registry())
         try:
             history = trainer.run()
+            learned = dict(trainer.learner.weights())
         finally:
             trainer.close()
     assert [m["policy_version"] for m in history] == [1, 2]
@@ -230,7 +269,15 @@ def test_training_on_an_sglang_server_advances_its_weight_version(
         json.loads(line) for line in (tmp_path / "tiny" / "transcripts.jsonl").read_text().splitlines()
     ]
     assert [t["policy_versions"] for t in transcripts] == [[0], [0], [1], [1]]
-    assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v2"]
+    if weight_sync == "safetensors":
+        assert [p.name for p in (tmp_path / "tiny" / "weights").iterdir()] == ["v2"]
+        return
+    # Broadcast: the server received the learner's final weights, every byte, and nothing went to disk.
+    assert not (tmp_path / "tiny" / "weights").exists() and list(state.received) == ["1", "2"]
+    assert list(state.received["2"]) == list(learned)
+    for name, tensor in learned.items():
+        assert torch.equal(state.received["2"][name], tensor), name
+    assert not torch.equal(state.received["1"][name], tensor)  # version 1's weights were another step's
 
 
 def test_multi_turn_environments_on_servers_are_refused_before_any_model_loads(tmp_path: Path) -> None:

@@ -46,6 +46,32 @@ class RolloutBackend(StrEnum):
         return self in (RolloutBackend.VLLM, RolloutBackend.SGLANG)
 
 
+class WeightSync(StrEnum):
+    """How a new version's weights reach rollout engines that live outside the learner's process."""
+
+    AUTO = "auto"  # the backend's best: collective for Ray engines and SGLang, safetensors for vLLM
+    COLLECTIVE = "collective"  # a torch.distributed broadcast (gloo on CPU, NCCL on CUDA)
+    OBJECT_STORE = "object_store"  # ray: one copy in Ray's object store, every worker pulls it
+    SAFETENSORS = "safetensors"  # vllm/sglang: a safetensors folder per version the servers load
+
+
+# The weight_sync values each rollout backend accepts (AUTO first, then what it resolves to).
+WEIGHT_SYNCS: dict[RolloutBackend, tuple[WeightSync, ...]] = {
+    RolloutBackend.LOCAL: (WeightSync.AUTO,),  # the engine shares the learner's process: nothing travels
+    RolloutBackend.RAY: (WeightSync.AUTO, WeightSync.COLLECTIVE, WeightSync.OBJECT_STORE),
+    # vLLM's weight-transfer engine speaks NCCL through its own communicator, not a torch group:
+    # not implemented (server_weights.py says why), so its servers load safetensors folders.
+    RolloutBackend.VLLM: (WeightSync.AUTO, WeightSync.SAFETENSORS),
+    RolloutBackend.SGLANG: (WeightSync.AUTO, WeightSync.COLLECTIVE, WeightSync.SAFETENSORS),
+}
+_AUTO_SYNC = {
+    RolloutBackend.LOCAL: WeightSync.AUTO,
+    RolloutBackend.RAY: WeightSync.COLLECTIVE,
+    RolloutBackend.VLLM: WeightSync.SAFETENSORS,
+    RolloutBackend.SGLANG: WeightSync.COLLECTIVE,
+}
+
+
 # A rollout server's root: http(s)://host[:port], no path (the clients add /v1/... or /generate).
 URL_PATTERN = r"^https?://[^/\s?#]+/?$"
 
@@ -145,6 +171,7 @@ _REMOTE = (
     "timeout_s",
     "weights_dir",
     "api_key_env",
+    "sync_host",
 )  # the settings only servers read
 
 
@@ -184,6 +211,17 @@ class RolloutSection(_Section):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="vllm/sglang: the environment variable holding the servers' API key (sent as a "
         "bearer token; the key itself never enters config.toml). Unset: no key.",
+    )
+    weight_sync: WeightSync = Field(
+        WeightSync.AUTO,
+        description="How each version's weights reach the engines: ray accepts collective (default) or "
+        "object_store, sglang collective (default) or safetensors, vllm safetensors; auto: the default.",
+    )
+    sync_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="sglang with weight_sync collective: this process's address as the servers reach it "
+        "(they join the broadcast group there, on a free port).",
     )
 
     @field_validator("base_urls")
@@ -340,6 +378,12 @@ class TrainConfig(_Section):
         """Where rollouts come from: rollout.backend, or by default the learner's run.backend."""
         return self.rollout.backend or RolloutBackend(self.run.backend.value)
 
+    @property
+    def weight_sync(self) -> WeightSync:
+        """rollout.weight_sync with `auto` resolved for the rollout backend (its value checked on reading)."""
+        chosen = self.rollout.weight_sync
+        return _AUTO_SYNC[self.rollout_backend] if chosen is WeightSync.AUTO else chosen
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         learner = self.learner
@@ -382,6 +426,12 @@ class TrainConfig(_Section):
                     f"model.device = 'cuda' with {where} needs {' and '.join(f'{k} > 0' for k in gpus)} "
                     f"(got {' and '.join(str(v) for v in gpus.values())})"
                 )
+        allowed = WEIGHT_SYNCS[self.rollout_backend]
+        if self.rollout.weight_sync not in allowed:
+            raise ValueError(
+                f"rollout.weight_sync = {str(self.rollout.weight_sync)!r} does not apply to rollout.backend "
+                f"= {str(self.rollout_backend)!r}, which accepts {', '.join(repr(str(w)) for w in allowed)}"
+            )
         if self.algorithm.advantage is AdvantageKind.RLOO and self.rollout.samples_per_prompt < 2:
             raise ValueError("algorithm.advantage = 'rloo' needs rollout.samples_per_prompt >= 2")
         if self.algorithm.overlong_buffer_tokens > self.rollout.max_new_tokens:

@@ -5,218 +5,79 @@ The driver runs the same `Trainer` loop as local mode (planning, advantages, met
 the run directory, checkpoints and resume); only where rollouts are made and where updates run differ.
 A learner in the driver's process pushes to worker actors; a learner actor may push to a server fleet.
 Each rollout worker owns an `LLMEngine` with its own copy of the policy and scores with the environments
-(and its own sandbox pool); the learner actor owns the model and optimizer. All actors share one
-placement group sized from `[ray]`. After each update the learner's weights go into Ray's object store
-once and every worker pulls them, tagged with the policy version, so recorded versions and the
-`max_staleness` bound hold across processes. The driver keeps a CPU copy of the learner's state that is
-refreshed only to write a checkpoint (and sent out after a resume). Ray is imported only here.
+(and its own sandbox pool); the learner actor owns the model and optimizer (`ray_actors.py`). All share one
+placement group sized from `[ray]`. After each update the learner's weights reach every worker tagged with
+the policy version, so recorded versions and the `max_staleness` bound hold across processes: by a
+broadcast over a torch.distributed group from wherever the learner is (`ray_sync.py`, the default), or
+with `rollout.weight_sync = "object_store"` once into Ray's object store, every worker pulling them.
+The driver keeps a CPU copy of the learner's state that is refreshed only to write a checkpoint (and
+sent out after a resume). Ray is imported only by this backend (`ray_actors.require_ray`).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tether.engine.weight_sync import SyncBackend
 from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
-from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig
+from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, WeightSync
 from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.ray_actors import LearnerActor, LearnerState, RolloutWorker, Weights, require_ray
+from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
+from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
-from tether.rl.sources import EngineRollouts, Generated, RolloutSource, server_rollouts
+from tether.rl.sources import Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import (
     Trainer,
     learner_options,
-    make_engine,
     make_learner,
     open_learner,
     open_run,
     sampling_params,
 )
-from tether.scheduler.ray_backend import PlacementGroupPlan
 
 if TYPE_CHECKING:
     from tether.envs.base import SandboxProvider
     from tether.envs.registry import EnvRegistry
 
-Weights = dict[str, torch.Tensor]
-
-
-def require_ray(setting: str = "run.backend") -> ModuleType:
-    """The `ray` module (with `ray.util`'s placement groups loaded), or a `ConfigError` saying how to
-    install it (or which `setting` to change instead)."""
-    try:
-        importlib.import_module("ray.util.scheduling_strategies")
-        return importlib.import_module("ray")
-    except ImportError:
-        raise ConfigError(
-            f"{setting} = 'ray' needs Ray, which is not installed: pip install 'tether[ray]' "
-            f"(or set {setting} = 'local')"
-        ) from None
-
-
-# --- pure planning -----------------------------------------------------------------------------------
-
-
-def plan_bundles(
-    name: str, ray: RaySection, learner: bool = True, workers: bool = True
-) -> PlacementGroupPlan:
-    """Bundle 0 for the learner (if it is an actor), then one per rollout worker (if they are actors);
-    PACK keeps them on as few nodes as fit."""
-
-    def bundle(cpus: float, gpus: float) -> dict[str, float]:
-        return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
-
-    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)] if learner else []
-    bundles += [
-        bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers if workers else 0)
-    ]
-    return PlacementGroupPlan(name=f"tether-{name}", bundles=tuple(bundles), strategy="PACK")
-
-
-def shard_plans(plans: Sequence[PromptPlan], workers: int) -> list[list[PromptPlan]]:
-    """Contiguous, near-equal shards, one per worker (possibly empty), each renumbered from group 0.
-
-    A worker's rollouts name their prompt by its index in the worker's shard (`score_groups` looks the
-    task up by it); `merge_shards` maps them back. Sampling seeds stay with their plan."""
-    assert workers >= 1
-    size, extra = divmod(len(plans), workers)
-    shards, start = [], 0
-    for index in range(workers):
-        end = start + size + (index < extra)
-        shards.append([replace(plan, group=local) for local, plan in enumerate(plans[start:end])])
-        start = end
-    return shards
-
-
-def merge_shards(plans: Sequence[PromptPlan], outputs: Sequence[Generated]) -> Generated:
-    """The workers' outputs (in shard order) as one `Generated` in plan order, their rollouts' groups
-    renumbered in place; the timings are the slowest worker's (they run in parallel)."""
-    tasks, rollouts, offset = [], [], 0
-    for out in outputs:
-        tasks.extend(out.tasks)
-        for rollout in out.rollouts:
-            rollout.group = plans[offset + rollout.group].group
-            rollouts.append(rollout)
-        offset += len(out.tasks)
-    assert offset == len(plans), f"workers returned {offset} prompts for {len(plans)} planned"
-    return Generated(
-        tasks,
-        rollouts,
-        max((out.generate_s for out in outputs), default=0.0),
-        max((out.score_s for out in outputs), default=0.0),
-    )
-
-
-# --- the actors (plain classes, wrapped with ray.remote when a run starts) ---------------------------
-
-
-def _use_cpus(cpus: float) -> None:
-    # Torch would otherwise size its thread pool to the whole machine, not to the actor's share.
-    torch.set_num_threads(max(1, math.floor(cpus)))
-
-
-class RolloutWorker:
-    """A Ray actor: an engine with its own copy of the policy, scoring with the environments."""
-
-    def __init__(
-        self, config: TrainConfig, registry: EnvRegistry, sandbox: SandboxProvider | None, cpus: float
-    ) -> None:
-        _use_cpus(cpus)
-        torch.manual_seed(config.run.seed)
-        engine, tokenizer = make_engine(config, config.model.device)
-        params = sampling_params(config.rollout)
-        self.rollouts = EngineRollouts(engine, tokenizer, registry, ScoringContext(sandbox), params)
-
-    def generate(self, plans: list[PromptPlan]) -> Generated:
-        return self.rollouts.generate(plans)
-
-    def load(self, weights: Weights, version: int) -> None:
-        self.rollouts.load(weights.items(), version)
-
-    def version(self) -> int:
-        return self.rollouts.engine.policy_version
-
-    def close(self) -> None:
-        self.rollouts.close()
-
-
-@dataclass(frozen=True, slots=True)
-class LearnerState:
-    """What a checkpoint holds of the learner, on the CPU."""
-
-    model: dict[str, Any]
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any]
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(item) for item in value)
-    return value
-
-
-class LearnerActor:
-    """A Ray actor: the model, optimizer and LR schedule, updated from the driver's batches."""
-
-    def __init__(self, config: TrainConfig, cpus: float) -> None:
-        _use_cpus(cpus)
-        torch.manual_seed(config.run.seed)
-        self.learner = make_learner(config, config.model.device)
-
-    def device(self) -> str:
-        """Where the learner runs; answering at all means the model has loaded."""
-        return str(self.learner.device)
-
-    def step(self, samples: list[Sample]) -> LearnStats:
-        return self.learner.step(samples)
-
-    def weights(self) -> Weights:
-        # The returned dict is serialised into the object store as it is now: a snapshot of this version.
-        return {name: tensor.cpu() for name, tensor in self.learner.weights()}
-
-    def state(self) -> LearnerState:
-        learner = self.learner
-        return LearnerState(
-            _to_cpu(learner.trainable.state_dict()),
-            _to_cpu(learner.optimizer.state_dict()),
-            learner.scheduler.state_dict(),
-        )
-
-    def load_state(self, state: LearnerState) -> None:
-        learner = self.learner
-        learner.trainable.load_state_dict(state.model)
-        learner.optimizer.load_state_dict(state.optimizer)
-        learner.scheduler.load_state_dict(state.scheduler)
-
-
 # --- the driver's side ------------------------------------------------------------------------------
 
 
 class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
-    """The learner's weights of one version in Ray's object store.
+    """The learner actor's weights as they are when first used (at once: the driver pushes or snapshots
+    them before the next step).
 
-    Rollout workers pull `ref` themselves (`RayRollouts.load`); iterating fetches the tensors to the
-    driver, which only async mode's weight snapshots need."""
+    Over a collective the actor broadcasts them itself; for the object store they are copied there on
+    first use of `ref` and rollout workers pull them (`RayRollouts.load`); iterating fetches the tensors
+    to the driver, which only async mode's weight snapshots need."""
 
-    def __init__(self, ray: ModuleType, ref: Any) -> None:
+    def __init__(self, ray: ModuleType, actor: Any) -> None:
         self.ray = ray
-        self.ref = ref
+        self.actor = actor
+        self._ref: Any = None
         self._items: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    @property
+    def ref(self) -> Any:
+        if self._ref is None:
+            self._ref = self.actor.weights.remote()
+        return self._ref
+
+    @property
+    def copied(self) -> bool:
+        """Whether they were copied out of the actor (into the object store)."""
+        return self._ref is not None
 
     def __next__(self) -> tuple[str, torch.Tensor]:
         if self._items is None:
@@ -239,7 +100,7 @@ class RemoteLearner(Learner):
         return stats
 
     def weights(self) -> RemoteWeights:
-        return RemoteWeights(self.ray, self.actor.weights.remote())
+        return RemoteWeights(self.ray, self.actor)
 
     def pull(self) -> None:
         state: LearnerState = self.ray.get(self.actor.state.remote())
@@ -257,9 +118,13 @@ class RemoteLearner(Learner):
 class RayRollouts:
     """A `RolloutSource` over rollout worker actors: each generates and scores a shard of the prompts."""
 
-    def __init__(self, ray: ModuleType, workers: Sequence[Any]) -> None:
+    def __init__(
+        self, ray: ModuleType, workers: Sequence[Any], collective: CollectiveSync | None = None
+    ) -> None:
         self.ray = ray
         self.workers = list(workers)
+        self.collective = collective  # None: weights travel through the object store
+        self._version = 0  # the version every worker holds (they start with the model's own, 0)
 
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         shards = shard_plans(plans, len(self.workers))
@@ -268,9 +133,16 @@ class RayRollouts:
         return merge_shards(plans, outputs)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """One copy into the object store (the learner's own when it comes from it); every worker pulls."""
-        ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
-        self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
+        """Broadcast from where the weights are (the learner actor's own, or this process's), or one copy
+        into the object store (the learner actor's own when they come from it) that every worker pulls."""
+        if version == self._version:
+            return  # a version's weights never change (version 0: the engines loaded them themselves)
+        if self.collective is not None:
+            self.collective.push(None if isinstance(weights, RemoteWeights) else weights, version)
+        else:
+            ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
+            self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
+        self._version = version
 
     def versions(self) -> list[int]:
         """The policy version each worker's engine holds."""
@@ -278,7 +150,11 @@ class RayRollouts:
         return versions
 
     def close(self) -> None:
-        self.ray.get([worker.close.remote() for worker in self.workers])
+        try:
+            if self.collective is not None:
+                self.collective.close()
+        finally:
+            self.ray.get([worker.close.remote() for worker in self.workers])
 
 
 class RayCluster:
@@ -320,11 +196,16 @@ class RayCluster:
                 f"ray.address = {section.address!r}: cannot start or join a Ray cluster: {error}"
             ) from None
 
-    def actor(self, cls: type, bundle: int, cpus: float, gpus: float, *args: Any) -> Any:
+    def actor(
+        self, cls: type, bundle: int, cpus: float, gpus: float, *args: Any, concurrency: int = 1
+    ) -> Any:
+        """An actor of `cls` in `bundle`, running up to `concurrency` of its calls at once (threads)."""
         strategy = self.ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
             placement_group=self.group, placement_group_bundle_index=bundle
         )
-        remote = self.ray.remote(cls).options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy)
+        remote = self.ray.remote(cls).options(
+            num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, max_concurrency=concurrency
+        )
         handle = remote.remote(*args)
         self.actors.append(handle)
         return handle
@@ -401,8 +282,19 @@ def build_ray_trainer(
         section = config.ray
         learner: Learner
         if learner_actor:
+            # Over a collective, async mode's rollout thread has the actor broadcast a snapshot while the
+            # learner thread has it take a step: a second call thread, or the engines' wait for the
+            # broadcast would last as long as a step. Only that pair ever overlaps (the snapshot is the
+            # driver's copy, never the weights being trained).
+            threaded = config.weight_sync is WeightSync.COLLECTIVE and not config.rollout_backend.remote
             actor = cluster.actor(
-                LearnerActor, 0, section.learner_cpus, section.learner_gpus, config, section.learner_cpus
+                LearnerActor,
+                0,
+                section.learner_cpus,
+                section.learner_gpus,
+                config,
+                section.learner_cpus,
+                concurrency=2 if threaded else 1,
             )
             model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
             learner = RemoteLearner(ray, actor, config, model)
@@ -423,10 +315,15 @@ def build_ray_trainer(
                 )
                 for index in range(section.rollout_workers)
             ]
-            rollouts = RayRollouts(ray, workers)
             # Wait for every actor's model, so that a failing one stops the run here and step 1's
             # timings measure the step, not the actors' start.
-            rollouts.versions()
+            ray.get([worker.version.remote() for worker in workers])
+            collective = None
+            if config.weight_sync is WeightSync.COLLECTIVE:
+                cuda = config.model.device.startswith("cuda")
+                backend = SyncBackend.NCCL if cuda else SyncBackend.GLOO
+                collective = CollectiveSync.start(ray, workers, actor if learner_actor else None, backend)
+            rollouts = RayRollouts(ray, workers, collective)
         else:
             rollouts = servers
         if learner_actor:

@@ -1,11 +1,12 @@
 """Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source (`sources.py`) spreads
-a step's prompts over, and the safetensors folder their weights travel through.
+a step's prompts over.
 
 A client generates n samples from token ids (token ids, behaviour logprobs and the policy version of every
 token come back; nothing is re-tokenized) and loads weights a transport has put somewhere the server sees.
 A server reports at most one weight version per response, so a client makes versions exact on its side:
 an update waits for the requests in flight and later requests wait for the update (the engine's `wait`
-policy). Only the safetensors folder transport exists; NCCL/IPC transports are not implemented here.
+policy). How weights reach the servers (a safetensors folder, or for SGLang a process group) is
+`server_weights.py`; vLLM's NCCL and IPC weight-transfer engines are not implemented.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import shutil
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
@@ -27,6 +26,9 @@ import torch
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError, TetherError
 from tether.rl.config import URL_PATTERN, RolloutBackend
+
+if TYPE_CHECKING:
+    from tether.rl.server_weights import WeightsGroup
 
 Tensors = list[tuple[str, torch.Tensor]]
 
@@ -69,41 +71,6 @@ class ServerSample:
     @property
     def policy_versions(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.versions)))
-
-
-@dataclass(frozen=True, slots=True)
-class SafetensorsDirTransport:
-    """Writes each version to `root/v{version}/model.safetensors` (in `dtype`, unset: as given); the servers
-    must see `root` at the same path (a shared or local disk). Tensor names must be the servers' (Hugging
-    Face) parameter names. `keep_only` deletes the versions no server can still be asked to load."""
-
-    root: Path
-    dtype: torch.dtype | None = None
-
-    def folder(self, version: int) -> Path:
-        return self.root.absolute() / f"v{version}"
-
-    async def send(self, tensors: Tensors, version: int) -> str:
-        """Write `version`'s tensors; returns the folder (absolute: the servers resolve it, not us)."""
-        from safetensors.torch import save_file
-
-        folder = self.folder(version)
-        contiguous = {
-            name: tensor.detach().to(device="cpu", dtype=self.dtype or tensor.dtype).contiguous()
-            for name, tensor in tensors
-        }
-        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
-        await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
-        return str(folder)
-
-    def keep_only(self, version: int) -> None:
-        """Delete every version folder but `version`'s: once every server loaded it, no older one is read
-        again (a resumed run pushes its version anew). Other files under `root` are left alone."""
-        if not self.root.is_dir():
-            return
-        for entry in self.root.iterdir():
-            if entry.is_dir() and re.fullmatch(r"v\d+", entry.name) and entry.name != f"v{version}":
-                shutil.rmtree(entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +184,11 @@ class RolloutServer(ABC):
                 raise ServerError(f"the last weight update failed ({self._state.broken}); update again first")
             return await self._generate(prompt, params, self._state.version)
 
-    async def update_weights(self, tensors: Tensors, location: str, version: int) -> None:
+    async def join_group(self, group: WeightsGroup, rank_offset: int) -> None:
+        """Join the trainer's weight broadcast group as rank `rank_offset` (returns once it is formed)."""
+        raise ServerError(f"{type(self).__name__} does not take weights over a process group")
+
+    async def update_weights(self, tensors: Tensors, location: str | WeightsGroup, version: int) -> None:
         """Load the weights a transport put at `location` as `version` (above every earlier one); returns
         once they serve requests. `tensors` name them (with dtypes and shapes) for the servers that ask."""
         if not tensors:
@@ -245,7 +216,7 @@ class RolloutServer(ABC):
         """Samples of one prompt, every token tagged `version` (no update can run meanwhile)."""
 
     @abstractmethod
-    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
+    async def _load(self, tensors: Tensors, location: str | WeightsGroup, version: int) -> None:
         """Have the server load the weights the transport put at `location`."""
 
 
@@ -305,7 +276,8 @@ class VLLMServer(RolloutServer):
             raise ServerResponseError("/v1/completions: choice indices repeat")
         return [sample for sample in samples if sample is not None]
 
-    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
+    async def _load(self, tensors: Tensors, location: str | WeightsGroup, version: int) -> None:
+        assert isinstance(location, str), "the vLLM client loads folders only"
         update_info = {
             "names": [name for name, _ in tensors],
             "dtype_names": [str(tensor.dtype).removeprefix("torch.") for _, tensor in tensors],
@@ -332,8 +304,10 @@ class SGLangServer(RolloutServer):
         `output_ids`, `meta_info.output_token_logprobs` ([logprob, token_id, text] per token),
         `meta_info.finish_reason.type` and `meta_info.weight_version`, which must be ours once we loaded
     weights. Weights:
-        `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, answered
-        `{"success": bool, "message": str}`.
+        `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}`, or over a
+        group (`server_weights.py`) `POST /init_weights_update_group` once, then per version
+        `POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
+        "flush_cache": true, "weight_version"}`; each answered `{"success": bool, "message": str}`.
     """
 
     async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
@@ -378,12 +352,41 @@ class SGLangServer(RolloutServer):
         ids = [int(t) for t in output_ids]
         return ServerSample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason)
 
-    async def _load(self, tensors: Tensors, location: str, version: int) -> None:
-        body = {"model_path": location, "weight_version": str(version), "flush_cache": True}
-        answer = await self._post("/update_weights_from_disk", body)
-        if not isinstance(answer, dict) or answer.get("success") is not True:
-            message = answer.get("message") if isinstance(answer, dict) else answer
-            raise ServerError(f"/update_weights_from_disk: the server refused version {version}: {message}")
+    async def join_group(self, group: WeightsGroup, rank_offset: int) -> None:
+        body = {
+            "master_address": group.master_address,
+            "master_port": group.master_port,
+            "rank_offset": rank_offset,
+            "world_size": group.world_size,
+            "group_name": group.group_name,
+            "backend": group.backend.value,
+        }
+        answer = await self._post("/init_weights_update_group", body)
+        _succeeded(answer, "/init_weights_update_group: the server refused to join the weights group")
+
+    async def _load(self, tensors: Tensors, location: str | WeightsGroup, version: int) -> None:
+        body: dict[str, Any]
+        if isinstance(location, str):
+            endpoint = "/update_weights_from_disk"
+            body = {"model_path": location, "weight_version": str(version), "flush_cache": True}
+        else:
+            endpoint = "/update_weights_from_distributed"
+            body = {
+                "names": [name for name, _ in tensors],
+                "dtypes": [str(tensor.dtype).removeprefix("torch.") for _, tensor in tensors],
+                "shapes": [list(tensor.shape) for _, tensor in tensors],
+                "group_name": location.group_name,
+                "flush_cache": True,
+                "weight_version": str(version),
+            }
+        _succeeded(await self._post(endpoint, body), f"{endpoint}: the server refused version {version}")
+
+
+def _succeeded(answer: object, what: str) -> None:
+    """SGLang's `{"success": bool, "message": str}` answers: anything but success is a refusal."""
+    if not isinstance(answer, dict) or answer.get("success") is not True:
+        message = answer.get("message") if isinstance(answer, dict) else answer
+        raise ServerError(f"{what}: {message}")
 
 
 def _check_prompt(prompt_token_ids: Iterable[int]) -> list[int]:

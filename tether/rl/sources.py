@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 
 from tether.engine.sampling import SamplingParams
+from tether.engine.weight_sync import SyncBackend
 from tether.envs.base import ScoringContext, Task
 from tether.envs.registry import EnvRegistry, mixture_from_weights
 from tether.errors import ConfigError
-from tether.rl.config import TrainConfig
+from tether.rl.config import TrainConfig, WeightSync
 from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
+from tether.rl.server_weights import CollectiveTransport, SafetensorsDirTransport
 from tether.rl.servers import (
     SERVERS,
     RolloutServer,
-    SafetensorsDirTransport,
     ServerConfig,
     ServerSample,
 )
@@ -122,13 +123,14 @@ class RemoteRollouts:
 
     A step's prompts go to the servers in turn, all at once (each server batches what it gets), one
     request of n samples per prompt with the plan's seed; the servers' token ids, logprobs and versions
-    are kept as they come. A version's weights are written once (`transport`, in `dtype`) and every
-    server loads them; once all have, the transport deletes the older versions' folders."""
+    are kept as they come. A version's weights travel once (`transport`, in `dtype`: a safetensors folder
+    or a broadcast) and every server loads them; once all have, the folder transport deletes the older
+    versions' folders."""
 
     def __init__(
         self,
         servers: Sequence[RolloutServer],
-        transport: SafetensorsDirTransport,
+        transport: SafetensorsDirTransport | CollectiveTransport,
         tokenizer: PreTrainedTokenizerBase,
         registry: EnvRegistry,
         ctx: ScoringContext,
@@ -192,18 +194,7 @@ class RemoteRollouts:
             return  # a version's weights never change (version 0: the servers started with them)
         tensors = [(name, tensor.detach().to(device="cpu", dtype=self.dtype)) for name, tensor in weights]
 
-        async def update() -> None:
-            location = await self.transport.send(tensors, version)
-            # Not cancelled when one fails: a server left halfway through a load holds unknown weights.
-            outcomes = await asyncio.gather(
-                *(server.update_weights(tensors, location, version) for server in behind),
-                return_exceptions=True,
-            )
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-
-        self._loop.run_until_complete(update())
+        self._loop.run_until_complete(self.transport.deliver(behind, tensors, version))
         self.transport.keep_only(version)  # only after every server holds it: a failed load may retry
 
     def close(self) -> None:
@@ -260,6 +251,12 @@ def server_rollouts(
         SERVERS[backend](ServerConfig(url, model=name, timeout_s=section.timeout_s, api_key=api_key))
         for url in section.base_urls
     ]
-    transport = SafetensorsDirTransport(section.weights_dir or config.run_dir / "weights")
+    transport: SafetensorsDirTransport | CollectiveTransport
+    if config.weight_sync is WeightSync.COLLECTIVE:
+        cuda = config.model.device.startswith("cuda")
+        sync = SyncBackend.NCCL if cuda else SyncBackend.GLOO
+        transport = CollectiveTransport(section.sync_host, sync, section.timeout_s)
+    else:
+        transport = SafetensorsDirTransport(section.weights_dir or config.run_dir / "weights")
     tokenizer = load_tokenizer(resolve(config.model.name, config.model.cache_dir))
     return RemoteRollouts(servers, transport, tokenizer, registry, ctx, params, config.model.dtype.torch)

@@ -151,8 +151,8 @@ def version_weights(base: dict[str, torch.Tensor], version: int) -> dict[str, to
 def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None) -> dict[str, Any]:
     """Time every path on the same engines, alternating; the JSON-ready result."""
     from tether.models import load
-    from tether.rl.ray_backend import require_ray
-    from tether.rl.servers import SafetensorsDirTransport
+    from tether.rl.ray_actors import require_ray
+    from tether.rl.server_weights import SafetensorsDirTransport
 
     ray = require_ray()
     engine_gpus = _gpus(config)
