@@ -177,9 +177,9 @@ def test_kl_to_the_reference_starts_at_zero_then_grows(tiny_model: Callable[[str
     assert all(not p.requires_grad for p in learner.reference.parameters())
 
 
-def test_bf16_without_a_bf16_device_is_refused(tiny_model: Callable[[str], Path]) -> None:
+def test_float16_training_is_refused_with_the_alternatives(tiny_model: Callable[[str], Path]) -> None:
     model, _, _ = load(tiny_model("llama"))
-    with pytest.raises(ConfigError, match=r"model\.dtype = 'bfloat16' needs a CUDA device"):
+    with pytest.raises(ConfigError, match=r"model\.dtype = .float16.: the learner does not train in float16.*use bfloat16"):
         Learner(
-            model, OptimSection(), LossConfig(), total_steps=1, temperature=1.0, max_new_tokens=4, bf16=True
+            model, OptimSection(), LossConfig(), total_steps=1, temperature=1.0, max_new_tokens=4, compute_dtype=torch.float16
         )
