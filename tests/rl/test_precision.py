@@ -20,6 +20,10 @@ from tether.models.precision import DType
 from tether.rl.config import OptimSection
 from tether.rl.learner import Learner, Sample
 from tether.rl.losses import LossConfig
+from tether.rl.trainer import build_trainer
+
+from .fake_envs import fake_registry
+from .test_trainer import tiny_config
 
 
 def logprob_gap_bound(placement: Placement) -> float:
@@ -95,3 +99,30 @@ def test_half_precision_the_learner_cannot_train_in_is_refused(tiny_path: Path) 
     ]:
         with pytest.raises(ConfigError, match=message):
             Learner(model, OptimSection(), LossConfig(), 1, 1.0, 4, compute_dtype=dtype)
+
+
+def test_a_bfloat16_run_on_the_cpu_learns_with_the_mismatch_corrected(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """`tether train` with `[model] dtype = "bfloat16"` on the CPU: the engine and the learner both in
+    bfloat16 (the learner over float32 masters), the gap to the engine reported, every sample corrected."""
+    config = tiny_config(
+        tiny_model("qwen3"),
+        tmp_path,
+        algorithm={"mismatch_correction": "sequence", "mismatch_cap": 3.0},
+        run={"steps": 2},
+    )
+    # tiny_config's first argument is named `model`: the section is set on the parsed config instead
+    config = config.model_copy(update={"model": config.model.model_copy(update={"dtype": DType.BFLOAT16})})
+    trainer = build_trainer(config, registry=fake_registry())
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    assert trainer.learner.compute_dtype is torch.bfloat16
+    assert trainer.learner.importance_cap == 3.0
+    for metrics in history:
+        assert 0 < metrics["learner/max_logprob_diff"] <= logprob_gap_bound(Placement("cpu", "bfloat16"))
+        assert metrics["learner/importance_sampling"] == 1.0
+        assert metrics["learner/mismatch_weight_mean"] == pytest.approx(1.0, abs=0.1)
+        assert math.isfinite(metrics["learner/grad_norm"])
