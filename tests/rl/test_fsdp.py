@@ -162,7 +162,8 @@ def test_float16_sharded_compute_is_refused(tiny_model: Callable[[str], Path]) -
     try:
         config = tiny_config(tiny_model("llama"), Path("unused"), learner={"strategy": "fsdp"})
         with pytest.raises(
-            ConfigError, match=r"model.dtype = 'float16': the learner does not train in float16"
+            ConfigError,
+            match=r"model.dtype = 'float16' with learner.strategy = 'fsdp': the sharded learner does not",
         ):
             ShardedLearner(
                 load(config.model.name)[0],

@@ -91,14 +91,32 @@ def test_the_learner_recomputes_the_engines_logprobs(
         assert placement.device == "cuda" or stats.max_logprob_diff > 0
 
 
-def test_half_precision_the_learner_cannot_train_in_is_refused(tiny_path: Path) -> None:
+def test_float16_training_scales_the_loss_and_skips_overflowing_steps(tiny_path: Path) -> None:
+    samples = _engine_samples(tiny_path, Placement("cpu", "float32"))
+    full, half = (
+        _learner(tiny_path, Placement("cpu", "float32")),
+        _learner(tiny_path, Placement("cpu", "float16")),
+    )
+    assert half.scaler.is_enabled() and not full.scaler.is_enabled()
+    first, reference = half.step(samples), full.step(samples)
+    # The gradient is unscaled before clipping: float32's, to float16's rounding (scale 65536 otherwise).
+    assert first.grad_norm == pytest.approx(reference.grad_norm, rel=0.01)
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+    assert half.step(samples).loss < first.loss - 0.05
+    # A scale that overflows float16: the step is skipped, its gradient reported as inf, the scale cut.
+    half.scaler.update(new_scale=1e30)
+    before = [p.detach().clone() for p in half.model.parameters()]
+    skipped = half.step(samples)
+    assert not math.isfinite(skipped.grad_norm) and half.scaler.get_scale() < 1e30
+    assert all(torch.equal(a, b) for a, b in zip(before, half.model.parameters(), strict=True))
+
+
+def test_a_compute_dtype_the_learner_cannot_train_in_is_refused(tiny_path: Path) -> None:
     model, _, _ = load(tiny_path)
-    for dtype, message in [
-        (torch.float16, r"model\.dtype = 'float16': the learner does not train in float16.*use bfloat16"),
-        (torch.float64, r"learner compute dtype 'float64': expected float32 or bfloat16"),
-    ]:
-        with pytest.raises(ConfigError, match=message):
-            Learner(model, OptimSection(), LossConfig(), 1, 1.0, 4, compute_dtype=dtype)
+    with pytest.raises(
+        ConfigError, match=r"learner compute dtype 'float64': expected float32, bfloat16 or float16"
+    ):
+        Learner(model, OptimSection(), LossConfig(), 1, 1.0, 4, compute_dtype=torch.float64)
 
 
 def test_a_bfloat16_run_on_the_cpu_learns_with_the_mismatch_corrected(

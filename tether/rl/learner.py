@@ -220,22 +220,15 @@ def plan_micro_batches(
 
 
 def check_compute_dtype(dtype: torch.dtype, device: torch.device) -> None:
-    """Refuse a compute dtype the learner cannot train in on `device` (`model.dtype`).
-
-    bfloat16 runs on every device (CPU autocast included: float32's exponent range, so gradients need no
-    loss scaling). float16 is refused everywhere: its 5-bit exponent underflows small gradients unless
-    the loss is scaled (a GradScaler whose skipped steps every rank agrees on), which the learner does not
-    do; the engine may still serve float16 weights."""
+    """Refuse a compute dtype the learner cannot train in on `device` (`model.dtype`): float32, or
+    bfloat16 / float16 through autocast on any device (float16 with loss scaling, `Learner.scaler`)."""
     name = str(dtype).removeprefix("torch.")
-    if dtype is torch.float16:
-        raise ConfigError(
-            "model.dtype = 'float16': the learner does not train in float16 (it would need loss scaling); "
-            "use bfloat16 (same memory, float32's range) or float32"
-        )
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ConfigError(f"learner compute dtype {name!r}: expected float32 or bfloat16")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(f"learner compute dtype {name!r}: expected float32, bfloat16 or float16")
     if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"model.dtype = 'bfloat16': {device} has no bfloat16 support; use float32")
+        raise ConfigError(
+            f"model.dtype = 'bfloat16': {device} has no bfloat16 support; use float16 or float32"
+        )
 
 
 class Learner:
@@ -289,6 +282,10 @@ class Learner:
         self.device = next(model.parameters()).device
         check_compute_dtype(compute_dtype, self.device)
         self.compute_dtype = compute_dtype
+        # float16's 5-bit exponent underflows small gradients: the loss is scaled up before backward
+        # and the gradients down before clipping; a step whose gradients overflowed is skipped (its
+        # grad_norm reads inf) and the scale halved. Disabled, each call is the identity.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=compute_dtype is torch.float16)
         self.optimizer = torch.optim.AdamW(
             self.trainable.parameters(),
             lr=optim.lr,
@@ -342,11 +339,13 @@ class Learner:
             if param.grad is None:
                 # Skipped samples still leave a zero gradient: AdamW steps its moments as usual.
                 param.grad = torch.zeros_like(param)
+        self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), self.config.max_grad_norm)
         if isinstance(grad_norm, DTensor):  # sharded parameters: the norm is already the global one
             grad_norm = grad_norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return LearnStats(
@@ -426,7 +425,7 @@ class Learner:
             norm,
             reference,
         )
-        torch.autograd.backward(out.loss)
+        torch.autograd.backward(self.scaler.scale(out.loss))
         share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
         totals["loss"] += float(out.loss.detach())
         totals["policy_loss"] += out.policy_loss

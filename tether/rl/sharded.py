@@ -141,6 +141,12 @@ class ShardedLearner(Learner):
         strategies compute alike; gradients reduce in float32."""
         if learner.get("lora") is not None:
             raise ConfigError("learner.strategy = 'fsdp' with [model.lora]: use learner.strategy = 'single'")
+        if compute_dtype is torch.float16:
+            # Loss scaling skips a step whose gradients overflowed: every rank would have to agree.
+            raise ConfigError(
+                "model.dtype = 'float16' with learner.strategy = 'fsdp': the sharded learner does not "
+                "scale the loss; use bfloat16 (float32's range, no scaling) or learner.strategy = 'single'"
+            )
         check_compute_dtype(compute_dtype, group.device)
         self.group = group
         self.root = shard_model(model.train().requires_grad_(True), group, options, compute_dtype)
