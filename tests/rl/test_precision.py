@@ -111,6 +111,21 @@ def test_float16_training_scales_the_loss_and_skips_overflowing_steps(tiny_path:
     assert all(torch.equal(a, b) for a, b in zip(before, half.model.parameters(), strict=True))
 
 
+def test_a_float16_learner_resumes_with_its_loss_scale(tiny_path: Path, tmp_path: Path) -> None:
+    samples = _engine_samples(tiny_path, Placement("cpu", "float32"))
+    straight = _learner(tiny_path, Placement("cpu", "float16"))
+    straight.step(samples)
+    straight.scaler.update(new_scale=1024.0)  # a scale other than the initial one, as after overflows
+    straight.step(samples)
+    straight.save_state(tmp_path)
+    resumed = _learner(tiny_path, Placement("cpu", "float16"))
+    resumed.load_state(tmp_path)
+    assert resumed.scaler.get_scale() == straight.scaler.get_scale() == 1024.0
+    assert resumed.step(samples).loss == straight.step(samples).loss
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_compute_dtype_the_learner_cannot_train_in_is_refused(tiny_path: Path) -> None:
     model, _, _ = load(tiny_path)
     with pytest.raises(

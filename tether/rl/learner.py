@@ -163,6 +163,7 @@ def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -
     return out.to(device)
 
 
+SCALER = "scaler.pt"  # in a checkpoint of a float16 learner: its loss scale
 Row = list[int]  # indices of samples sharing one prompt: one prompt document and its completions
 
 
@@ -456,6 +457,8 @@ class Learner:
             asynchronous=self.async_checkpoint,
             process_group=self.checkpoint_group,
         )
+        if self.scaler.is_enabled():  # float16: the loss scale it reached, so a resume steps the same
+            torch.save(self.scaler.state_dict(), directory / SCALER)
         return self._saving
 
     def wait_saved(self) -> None:
@@ -467,6 +470,8 @@ class Learner:
     def load_state(self, directory: Path) -> None:
         self.wait_saved()
         load_learner_state(directory, self.trainable, self.optimizer, self.scheduler)
+        if self.scaler.is_enabled() and (directory / SCALER).exists():  # else: a run in another dtype
+            self.scaler.load_state_dict(torch.load(directory / SCALER))
 
     def close(self) -> None:
         """Finish a background checkpoint write (sharded: then release the other ranks)."""
