@@ -39,6 +39,14 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({**MINIMAL, "algorithm": {"aggregation": "mean"}}, "algorithm.aggregation = 'mean'"),
         ({**MINIMAL, "algorithm": {"clip_low": 1.0}}, "clip_low = 1.0: Input should be less than 1"),
         ({**MINIMAL, "algorithm": {"tis_cap": 0.5}}, "algorithm.tis_cap = 0.5: Input should be greater than"),
+        (
+            {**MINIMAL, "algorithm": {"mismatch_correction": "seq"}},
+            "mismatch_correction = 'seq': Input should",
+        ),
+        (
+            {**MINIMAL, "algorithm": {"mismatch_cap": 0.9}},
+            "algorithm.mismatch_cap = 0.9: Input should be greater",
+        ),
         ({**MINIMAL, "rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt = 0"),
         ({**MINIMAL, "rollout": {"temperature": 0}}, "temperature = 0: Input should be greater than 0"),
         ({**MINIMAL, "model": {"device": "gpu"}}, "model.device = 'gpu': String should match pattern"),

@@ -21,7 +21,7 @@ from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.precision import DEVICE_PATTERN, DType
 from tether.rl.advantages import AdvantageKind
-from tether.rl.losses import Aggregation, LossConfig
+from tether.rl.losses import Aggregation, Correction, LossConfig
 
 
 class Mode(StrEnum):
@@ -273,6 +273,16 @@ class AlgorithmSection(_Section):
         allow_inf_nan=False,
         description="Truncated importance sampling: stale samples' gradients are weighted by "
         "min(ratio to the behaviour policy, tis_cap).",
+    )
+    mismatch_correction: Correction = Field(
+        Correction.NONE,
+        description="Trainer-engine mismatch correction (bf16, other kernels): none; token (each token's "
+        "gradient weighted by min(its ratio learner / engine, mismatch_cap)); sequence (every token by "
+        "min(the product of its sequence's ratios, mismatch_cap)). Applies to every sample, stale ones "
+        "included (tis_cap is then not read); learner/mismatch_weight_mean and tis_truncated report it.",
+    )
+    mismatch_cap: float = Field(
+        2.0, ge=1, allow_inf_nan=False, description="The largest mismatch_correction weight (truncation)."
     )
 
     def loss(self) -> LossConfig:

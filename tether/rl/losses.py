@@ -72,6 +72,39 @@ def aggregate(
     return masked.sum() / max(norm.num_sequences * norm.max_tokens, 1)
 
 
+class Correction(StrEnum):
+    """How a sample's gradient is weighted by its truncated importance ratio to the behaviour policy."""
+
+    NONE = "none"
+    TOKEN = "token"  # each token by min(its ratio, cap): token-level TIS
+    SEQUENCE = "sequence"  # every token by min(the product of the loss tokens' ratios, cap)
+
+
+def truncated_importance_weights(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: Correction,
+    cap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached importance weights [B, T] of `logprobs` over `behaviour_logprobs` at `level`, truncated
+    above at `cap` (no lower bound), and which of them were truncated.
+
+    The semantics of verl's rollout correction (`rollout_is_level` token / sequence with
+    `rollout_is_mode = "truncate"`, docs/advance/rollout_is.md) and slime's TIS (`compute_tis_weights`:
+    exp(train - rollout logprobs) clamped at `tis_clip`): token level is each token's ratio; sequence
+    level is the product over the completion's loss tokens, exp of the summed log-ratio, so one weight
+    per sequence. Tokens outside `mask` contribute log-ratio 0 (weight 1), so an observation token's
+    placeholder logprob can neither overflow nor enter a sequence's product."""
+    log_ratio = torch.where(mask.bool(), logprobs.detach() - behaviour_logprobs, 0.0)
+    if level is Correction.SEQUENCE:
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(log_ratio)
+    else:
+        assert level is Correction.TOKEN, level
+    ratio = log_ratio.exp()
+    return ratio.clamp(max=cap), ratio > cap
+
+
 @dataclass(frozen=True, slots=True)
 class LossConfig:
     clip_low: float = 0.2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,11 @@ def _sharded_rank(
         return
     try:
         start = time.perf_counter()
-        losses = [learner.step(batch).loss for batch in batches]
+        stats = [learner.step(batch).to_dict() for batch in batches]
         seconds = (time.perf_counter() - start) / len(batches)
         weights = {name: tensor.clone() for name, tensor in learner.weights()}
         torch.save(
-            {"losses": losses, "weights": weights, "bytes": local_state_bytes(learner), "step_s": seconds},
+            {"stats": stats, "weights": weights, "bytes": local_state_bytes(learner), "step_s": seconds},
             out,
         )
     finally:
@@ -106,28 +107,47 @@ def compare_with_single(
     samples_per_prompt: int = 2,
     learner: LearnerSection | None = None,
     seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+    batches: Sequence[list[Sample]] | None = None,
 ) -> dict[str, float]:
     """Train `model` (a registered name or HF folder) `steps` steps single and as `world_size` FSDP2
     ranks on the same batches; returns the largest |difference| of losses and of final weights, the
     per-rank parameter + optimizer bytes of each (rank 0's shard is FSDP's largest) and their ratio,
-    and the mean step time of each (on this machine the ranks share its cores)."""
+    and the mean step time of each (on this machine the ranks share its cores). `options`: more
+    arguments of both learners (e.g. `compute_dtype`); `batches`: what to train on instead of the
+    seeded on-policy ones, a step each (`steps` is then their number)."""
     optim = optim or OptimSection(lr=1e-6, micro_batch=2)
     section = learner or LearnerSection(strategy=Strategy.FSDP, world_size=world_size)
-    options = _learner_options(optim, steps)
-    single = Learner(load(str(model), cache_dir)[0], **options)
+    steps = len(batches) if batches is not None else steps
+    learner_options = {**_learner_options(optim, steps), **(options or {})}
+    single = Learner(load(str(model), cache_dir)[0], **learner_options)
     vocab = single.model.config.vocab_size
-    batches, losses = [], []
+    trained: list[list[Sample]] = []  # the batches both learners step on
+    stats = []
     started = time.perf_counter()
     for step in range(steps):
-        batch = _batch(single.model, vocab, prompts, samples_per_prompt, seed + step)
-        batches.append(batch)
-        losses.append(single.step(batch).loss)
+        batch = (
+            batches[step]
+            if batches is not None
+            else _batch(single.model, vocab, prompts, samples_per_prompt, seed + step)
+        )
+        trained.append(batch)
+        stats.append(single.step(batch).to_dict())
     single_s = (time.perf_counter() - started) / steps
     with tempfile.TemporaryDirectory(prefix="tether-parity-") as tmp:
         out = Path(tmp) / "sharded.pt"
         spawn(  # type: ignore[no-untyped-call]
             _sharded_rank,
-            args=(world_size, local_init_method(), str(model), cache_dir, options, section, batches, out),
+            args=(
+                world_size,
+                local_init_method(),
+                str(model),
+                cache_dir,
+                learner_options,
+                section,
+                trained,
+                out,
+            ),
             nprocs=world_size,
         )
         sharded = torch.load(out)
@@ -137,7 +157,11 @@ def compare_with_single(
     return {
         "fsdp2_max_abs_diff_vs_single": weight_gap,
         "fsdp2_max_loss_diff_vs_single": max(
-            abs(a - b) for a, b in zip(losses, sharded["losses"], strict=True)
+            abs(a["learner/loss"] - b["learner/loss"]) for a, b in zip(stats, sharded["stats"], strict=True)
+        ),
+        # every learner/* statistic (ratios, logprob gap, IS weights): the ranks' reductions are exact
+        "fsdp2_max_stat_diff_vs_single": max(
+            abs(a[key] - b[key]) for a, b in zip(stats, sharded["stats"], strict=True) for key in a
         ),
         f"rank_memory_ratio_{world_size}_vs_1": sharded["bytes"] / single_bytes,
         "rank_bytes_single": float(single_bytes),

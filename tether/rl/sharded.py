@@ -32,7 +32,7 @@ from tether.errors import ConfigError
 from tether.models.transformer import CausalLM, DecoderLayer
 from tether.rl.config import LearnerSection
 from tether.rl.distributed import LearnerGroup
-from tether.rl.learner import Learner, LearnStats, Ratios, Row, Sample, _row_tokens
+from tether.rl.learner import Learner, LearnStats, Ratios, Row, Sample, _row_tokens, check_compute_dtype
 from tether.rl.losses import Normaliser
 
 
@@ -139,17 +139,22 @@ class ShardedLearner(Learner):
         **learner: Any,
     ) -> None:
         """`compute_dtype`: FSDP gathers the float32 master weights in it for forward and backward
-        (mixed precision in place of the single learner's autocast); gradients reduce in float32."""
+        (half the all-gather traffic), and the forward runs under the single learner's autocast, so both
+        strategies compute alike; gradients reduce in float32."""
         if learner.get("lora") is not None:
             raise ConfigError("learner.strategy = 'fsdp' with [model.lora]: use learner.strategy = 'single'")
-        if compute_dtype != torch.float32 and group.device.type != "cuda":
+        if compute_dtype is torch.float16:
+            # Loss scaling skips a step whose gradients overflowed: every rank would have to agree.
             raise ConfigError(
-                f"model.dtype = {str(compute_dtype).removeprefix('torch.')!r} with learner.strategy = "
-                f"'fsdp' needs CUDA ranks; the learner is on {group.device}: use float32"
+                "model.dtype = 'float16' with learner.strategy = 'fsdp': the sharded learner does not "
+                "scale the loss; use bfloat16 (float32's range, no scaling) or learner.strategy = 'single'"
             )
+        check_compute_dtype(compute_dtype, group.device)
         self.group = group
         self.root = shard_model(model.train().requires_grad_(True), group, options, compute_dtype)
-        super().__init__(model, **learner)  # the optimizer over the sharded (DTensor) parameters
+        super().__init__(
+            model, compute_dtype=compute_dtype, **learner
+        )  # the optimizer over the sharded (DTensor) parameters
         self.device = group.device
         self.checkpoint_group = group.checkpoint_group
 
@@ -257,8 +262,9 @@ class ShardedLearner(Learner):
                 ratios.count,
                 ratios.total,
                 ratios.squares,
-                ratios.stale,
+                ratios.weighted,
                 ratios.truncated,
+                ratios.weights,
             ],
             dtype=torch.float64,
         )
@@ -267,9 +273,9 @@ class ShardedLearner(Learner):
         dist.all_reduce(highs, op=dist.ReduceOp.MAX)
         for name, value in zip(names, sums[:4].tolist(), strict=True):
             totals[name] = value
-        count, total, squares, stale, truncated = sums[4:].tolist()
+        count, total, squares, weighted, truncated, weights = sums[4:].tolist()
         ratios.count, ratios.total, ratios.squares = int(count), total, squares
-        ratios.stale, ratios.truncated = int(stale), int(truncated)
+        ratios.weighted, ratios.truncated, ratios.weights = int(weighted), int(truncated), weights
         ratios.high, ratios.gap, ratios.low = highs[0].item(), highs[1].item(), -highs[2].item()
 
 

@@ -28,7 +28,7 @@ from tether.envs.base import SandboxProvider, ScoringContext, Task
 from tether.envs.registry import EnvRegistry, Mixture, default_registry, mixture_from_weights
 from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
-from tether.models.precision import DType, resolve_device
+from tether.models.precision import resolve_device
 from tether.models.threads import strict_matmul
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
@@ -396,7 +396,7 @@ def open_run(trainer: TrainerT, resume: bool) -> TrainerT:
 
 def learner_options(config: TrainConfig) -> dict[str, Any]:
     """The `Learner` arguments `config` alone fixes: shared by the learner and the Ray driver's copy of
-    its state (which never computes, so it takes no reference model and no bf16)."""
+    its state (which never computes, so it takes no reference model and no compute dtype)."""
     return {
         "optim": config.optim,
         "loss": config.algorithm.loss(),
@@ -405,6 +405,8 @@ def learner_options(config: TrainConfig) -> dict[str, Any]:
         "max_new_tokens": config.rollout.max_new_tokens,
         "lora": config.model.lora,
         "tis_cap": config.algorithm.tis_cap,
+        "mismatch_correction": config.algorithm.mismatch_correction,
+        "mismatch_cap": config.algorithm.mismatch_cap,
         "async_checkpoint": config.learner.async_checkpoint,
     }
 
@@ -421,7 +423,6 @@ def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = 
     reference = None
     if config.algorithm.kl_coef > 0:
         reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
-    bf16 = model_config.dtype is DType.BFLOAT16
     if config.learner.strategy is Strategy.FSDP:
         from tether.rl.sharded import ShardedLearner
 
@@ -434,7 +435,9 @@ def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = 
             reference=reference,
             **learner_options(config),
         )
-    return Learner(model, reference=reference, bf16=bf16, **learner_options(config))
+    return Learner(
+        model, reference=reference, compute_dtype=model_config.dtype.torch, **learner_options(config)
+    )
 
 
 def open_learner(config: TrainConfig) -> Learner:
