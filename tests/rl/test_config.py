@@ -123,3 +123,13 @@ def test_the_retired_bf16_key_says_what_replaced_it() -> None:
         ConfigError, match=r'model\.bf16 = True was replaced by model\.dtype: write dtype = "bfloat16"'
     ):
         parse_config({"model": {"bf16": True}, "envs": {"weights": {"math/*": 1.0}}})
+
+
+def test_float16_with_a_sharded_learner_is_refused_when_the_config_is_read() -> None:
+    raw = {
+        "model": {"dtype": "float16"},
+        "learner": {"strategy": "fsdp", "world_size": 2},
+        "envs": {"weights": {"math/*": 1.0}},
+    }
+    with pytest.raises(ConfigError, match=r"model\.dtype = 'float16' with learner\.strategy = 'fsdp'"):
+        parse_config(raw)
