@@ -407,7 +407,8 @@ class TrainConfig(_Section):
                 # Loss scaling skips a step whose gradients overflowed: every rank would have to agree.
                 raise ValueError(
                     "model.dtype = 'float16' with learner.strategy = 'fsdp': the sharded learner does not "
-                    "scale the loss; use bfloat16 (float32's range, no scaling) or learner.strategy = 'single'"
+                    "scale the loss; use bfloat16 (float32's range, no scaling) or learner.strategy = "
+                    "'single'"
                 )
             if self.model.lora is not None:
                 # The adapters are a few MiB: sharding them saves nothing worth a second code path.

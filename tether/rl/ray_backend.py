@@ -41,7 +41,6 @@ from tether.rl.sources import Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import (
     Trainer,
     learner_options,
-    make_learner,
     open_learner,
     open_run,
     sampling_params,
