@@ -186,7 +186,7 @@ def test_eval_takes_a_mixture_file(tiny_model: Path, tmp_path: Path) -> None:
     [
         (["--envs", "math/nope"], "unknown environment 'math/nope'"),
         (["--envs", "@/nonexistent/mix.toml"], "does not exist"),
-        (["--envs", "math/fractions", "--device", "tpu"], "--device 'tpu'"),
+        (["--envs", "math/fractions", "--device", "tpu"], "--device = 'tpu': expected auto, cpu, cuda"),
         (["--envs", "math/fractions", "-n", "0"], "Invalid value"),
     ],
 )

@@ -46,7 +46,8 @@ COMMANDS = {
     "engine": LazyCommand("tether.cli.engine:app", "The inference engine: benchmarks."),
     "envs": LazyCommand("tether.cli.envs:app", "Verifiable environments: list, inspect, score."),
     "rl": LazyCommand(
-        "tether.cli.rl:app", "RL tools: the training-step benchmark (training itself: tether train)."
+        "tether.cli.rl:app",
+        "RL tools: the training-step and weight-sync benchmarks (training: tether train).",
     ),
     "jobs": LazyCommand(
         "tether.cli.jobs:app", "Jobs on this machine, scheduled by CPU, memory and accelerator demand."
