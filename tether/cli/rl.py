@@ -13,6 +13,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,15 +90,9 @@ def bench_command(
         )
         with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):
             result = run_bench(config, report)
-    path = out or Path("runs") / f"rl-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    if as_json:
-        print_json(result)
-        return
-    console = Console()
-    console.print(bench_table(result))
-    console.print(f"result written to {path}")
+    show_result(
+        result, out or Path("runs") / f"rl-bench-{time.strftime('%Y%m%d-%H%M%S')}.json", as_json, bench_table
+    )
 
 
 def sync_table(result: dict[str, Any]) -> Table:
@@ -116,6 +111,20 @@ def sync_table(result: dict[str, Any]) -> Table:
         )
     table.caption = "\n".join(caption)
     return table
+
+
+def show_result(
+    result: dict[str, Any], path: Path, as_json: bool, table: Callable[[dict[str, Any]], Table]
+) -> None:
+    """Write a benchmark's result to `path`, then print it: one JSON object, or its table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+        return
+    console = Console()
+    console.print(table(result))
+    console.print(f"result written to {path}")
 
 
 @app.command("bench-sync")
@@ -173,12 +182,5 @@ def bench_sync_command(
         )
         with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):
             result = run_sync_bench(config, report)
-    path = out or Path("runs") / f"rl-bench-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    if as_json:
-        print_json(result)
-        return
-    console = Console()
-    console.print(sync_table(result))
-    console.print(f"result written to {path}")
+    default = Path("runs") / f"rl-bench-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    show_result(result, out or default, as_json, sync_table)
