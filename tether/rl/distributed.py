@@ -60,12 +60,13 @@ class Rendezvous:
         return cls(int(os.environ["RANK"]), launched, "env://", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def local_init_method() -> str:
-    """A TCP rendezvous on a free port of this machine, for ranks started here."""
+def local_init_method(host: str = "127.0.0.1") -> str:
+    """A TCP rendezvous on a free port of this machine at `host` (an address of this machine the other
+    ranks reach: loopback for ranks started here, the node's IP for Ray learner actors)."""
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         port = probe.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
+    return f"tcp://{host}:{port}"
 
 
 class LearnerGroup:

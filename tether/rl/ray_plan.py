@@ -13,16 +13,15 @@ from tether.rl.sources import Generated
 from tether.scheduler.ray_backend import PlacementGroupPlan
 
 
-def plan_bundles(
-    name: str, ray: RaySection, learner: bool = True, workers: bool = True
-) -> PlacementGroupPlan:
-    """Bundle 0 for the learner (if it is an actor), then one per rollout worker (if they are actors);
-    PACK keeps them on as few nodes as fit."""
+def plan_bundles(name: str, ray: RaySection, learners: int = 1, workers: bool = True) -> PlacementGroupPlan:
+    """Bundles 0..learners-1 for the learner actors (one per rank of a sharded learner; none when the
+    learner is not an actor), then one per rollout worker (if they are actors); PACK keeps them on as
+    few nodes as fit."""
 
     def bundle(cpus: float, gpus: float) -> dict[str, float]:
         return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
 
-    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)] if learner else []
+    bundles = [bundle(ray.learner_cpus, ray.learner_gpus)] * learners
     bundles += [
         bundle(ray.rollout_cpus, ray.rollout_gpus) for _ in range(ray.rollout_workers if workers else 0)
     ]
