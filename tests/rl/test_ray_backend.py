@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -30,9 +31,11 @@ from tether.errors import ConfigError
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ray_backend import (
+    LearnerRankError,
     RayCluster,
     RayRollouts,
     RayTrainer,
+    RemoteShardedLearner,
     RemoteWeights,
     build_ray_trainer,
 )
@@ -103,7 +106,7 @@ def test_shards_cover_every_plan_and_merge_back_in_plan_order() -> None:
     assert (merged.generate_s, merged.score_s) == (3.0, 1.5)  # workers run in parallel: the slowest
 
 
-def test_placement_group_has_a_learner_bundle_then_one_per_worker() -> None:
+def test_placement_group_has_a_bundle_per_learner_rank_then_one_per_worker() -> None:
     config = parse_config(
         {
             "envs": {"weights": {"math/arithmetic": 1.0}},
@@ -114,8 +117,12 @@ def test_placement_group_has_a_learner_bundle_then_one_per_worker() -> None:
     plan = plan_bundles("x", config.ray)
     assert plan.bundles == ({"CPU": 2.0},) + ({"CPU": 0.5, "GPU": 0.25},) * 3
     assert plan.strategy == "PACK"
-    assert plan_bundles("x", config.ray, learner=False).bundles == ({"CPU": 0.5, "GPU": 0.25},) * 3
+    assert plan_bundles("x", config.ray, learners=0).bundles == ({"CPU": 0.5, "GPU": 0.25},) * 3
     assert plan_bundles("x", config.ray, workers=False).bundles == ({"CPU": 2.0},)
+    # A sharded learner: one bundle per rank, each with the learner's resources, before the workers'.
+    assert plan_bundles("x", config.ray, learners=2).bundles[:3] == ({"CPU": 2.0},) * 2 + (
+        {"CPU": 0.5, "GPU": 0.25},
+    )
 
 
 @pytest.mark.parametrize(
@@ -187,6 +194,22 @@ def test_train_backend_option_is_checked_and_chooses_the_backend(
     result = CliRunner().invoke(app, ["train", "--config", str(config), "--backend", backend])
     assert result.exit_code != 0
     assert message in " ".join(result.output.split())
+
+
+def test_a_sharded_learner_on_ray_actors_is_refused_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = parse_config(
+        {
+            "envs": {"weights": {"math/arithmetic": 1.0}},
+            "run": {"backend": "ray", "out_dir": str(tmp_path)},
+            "learner": {"strategy": "fsdp", "world_size": 2},
+        }
+    )  # the config itself is fine: tether starts the ranks as actors
+    with pytest.raises(ConfigError, match="starts the learner ranks as Ray actors: run tether train without"):
+        build_ray_trainer(config, fake_registry())
+    assert not list(tmp_path.iterdir())
 
 
 def test_unreachable_ray_address_is_named() -> None:
@@ -385,3 +408,51 @@ def test_train_command_runs_on_ray_in_async_mode(
     ]
     assert [(line["step"], line["staleness_max"]) for line in lines] == [(1, 0), (2, 1)]
     assert (tmp_path / "runs" / "cli" / "checkpoints" / "step-000002").is_dir()
+
+
+def test_sharded_learner_on_ray_actors_matches_the_local_learner_and_its_checkpoint_resumes(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local"))
+    expected = local.run()  # 3 steps, checkpoints at 2 and 3
+    local.close()
+
+    sharded = {"strategy": "fsdp", "world_size": 2, "timeout_s": 60}
+    ray = {"rollout_workers": 1, "learner_cpus": 0.5, "rollout_cpus": 1.0}  # two ranks share a CPU
+    config = tiny_config(
+        model, tmp_path / "ray", run={"backend": "ray", "steps": 2}, learner=sharded, ray=ray
+    )
+    trainer = _ray_trainer(config)
+    try:
+        assert len(trainer.cluster.actors) == 3  # one learner actor per rank, then the rollout worker
+        history = trainer.run()
+        assert trainer.rollouts.versions() == [2]  # type: ignore[attr-defined]
+        # A rank that dies fails the next step at once, naming it, instead of after the group's timeout.
+        learner = trainer.learner
+        assert isinstance(learner, RemoteShardedLearner) and len(learner.following) == 1
+        ray_cluster.kill(trainer.cluster.actors[1])
+        started = time.monotonic()
+        with pytest.raises(LearnerRankError, match="learner rank 1 \\(a Ray actor\\) failed"):
+            learner.step([])
+        assert time.monotonic() - started < 30
+    finally:
+        trainer.close()
+    assert [m["reward"] for m in history] == [m["reward"] for m in expected[:2]]
+    for got, want in zip(history, expected, strict=False):
+        assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
+    # Each rank wrote its shards into the run directory; they read back as the local learner's weights.
+    run_dir = tmp_path / "ray" / "tiny"
+    state = run_dir / "checkpoints" / "step-000002" / "state"
+    assert len(list(state.glob("*.distcp"))) == 2
+    saved = saved_model(state.parent)
+    for name, tensor in saved_model(tmp_path / "local" / "tiny" / "checkpoints" / "step-000002").items():
+        assert torch.allclose(saved[name], tensor, atol=1e-5), name
+    # The 2-rank checkpoint resumes on a single local learner: step 3 is the uninterrupted run's.
+    resumed = make_trainer(tiny_config(model, tmp_path / "ray"), resume=True)
+    try:
+        rest = resumed.run()
+    finally:
+        resumed.close()
+    assert [m["step"] for m in rest] == [3]
+    assert _stable(rest[0]) == pytest.approx(_stable(expected[2]), abs=1e-5)

@@ -333,9 +333,9 @@ class RaySection(_Section):
         None, description="Ray cluster to join ('auto', 'ray://host:port'); unset: start one in process."
     )
     rollout_workers: int = Field(1, ge=1, description="Rollout workers, each with its own engine.")
-    learner_cpus: float = Field(1.0, gt=0, description="CPUs reserved for the learner actor.")
+    learner_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each learner actor (one per rank).")
     rollout_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each rollout worker.")
-    learner_gpus: float = Field(0.0, ge=0, description="GPUs reserved for the learner (> 0 on cuda).")
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs reserved for each learner actor (> 0 on cuda).")
     rollout_gpus: float = Field(0.0, ge=0, description="GPUs reserved per rollout worker (> 0 on cuda).")
     object_store_mib: int = Field(
         512, ge=64, description="Object store of a cluster started in process (weights travel there), MiB."
@@ -415,11 +415,6 @@ class TrainConfig(_Section):
                 raise ValueError(
                     "learner.strategy = 'fsdp' with [model.lora]: LoRA trains with "
                     "learner.strategy = 'single'"
-                )
-            if self.run.backend is Backend.RAY:
-                raise ValueError(
-                    "learner.strategy = 'fsdp' with run.backend = 'ray': launch the ranks with torchrun "
-                    "(or let tether train spawn them) and run.backend = 'local'"
                 )
         if self.run.backend is Backend.RAY and self.rollout.backend is RolloutBackend.LOCAL:
             raise ValueError(

@@ -1,7 +1,8 @@
 """The Ray backend's actors (`ray_backend.py`), plain classes wrapped with `ray.remote` when a run starts:
 a rollout worker (an engine with its own copy of the policy, scoring with the environments, and a rank of
 the run's weight-sync group) and the learner (the model, optimizer and LR schedule, and the group's
-sender when the weights travel over it). `require_ray` is where Ray gets imported.
+sender when the weights travel over it), or with `learner.strategy = "fsdp"` one learner rank per actor,
+rank 0 doing the learner's part. `require_ray` is where Ray gets imported.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +20,13 @@ from tether.engine.weight_receiver import WeightReceiver
 from tether.engine.weight_sync import WeightSender, WeightSyncConfig
 from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
+from tether.models.memory_plan import Strategy
+from tether.models.threads import strict_matmul
 from tether.rl.config import TrainConfig
-from tether.rl.learner import LearnStats, Sample
+from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
+from tether.rl.learner import Learner, LearnStats, Sample
 from tether.rl.rollout import PromptPlan
+from tether.rl.sharded import ShardedLearner
 from tether.rl.sources import EngineRollouts, Generated
 from tether.rl.trainer import make_engine, make_learner, sampling_params
 
@@ -106,12 +112,15 @@ def _to_cpu(value: Any) -> Any:
 class LearnerActor:
     """A Ray actor: the model, optimizer and LR schedule, updated from the driver's batches."""
 
+    learner: Learner
+
     def __init__(self, config: TrainConfig, cpus: float) -> None:
         _use_cpus(cpus)
         self.cpus = cpus
-        torch.manual_seed(config.run.seed)
-        self.learner = make_learner(config, config.model.device)
         self.sender: WeightSender | None = None
+        if config.learner.strategy is Strategy.SINGLE:  # a sharded one waits for its group (`join`)
+            torch.manual_seed(config.run.seed)
+            self.learner = make_learner(config, config.model.device)
 
     def device(self) -> str:
         """Where the learner runs; answering at all means the model has loaded."""
@@ -159,3 +168,54 @@ class LearnerActor:
     def close_sync(self) -> None:
         if self.sender is not None:
             self.sender.close()
+
+
+class LearnerRank(LearnerActor):
+    """A Ray actor: one rank of a sharded learner (`sharded.py`), one per bundle. The driver has rank 0
+    pick the rendezvous (`address`), every rank `join` the group at once, then ranks > 0 `follow` (one
+    long call, returning when rank 0 says stop) while the driver calls rank 0 as it would a
+    `LearnerActor`; rank 0's `close` releases them."""
+
+    def __init__(self, config: TrainConfig, cpus: float) -> None:
+        super().__init__(config, cpus)
+        self.config = config
+
+    def address(self) -> str:
+        """A free TCP port on this actor's node, as the group's `init_method`."""
+        return local_init_method(require_ray().util.get_node_ip_address())
+
+    def join(self, rank: int, init_method: str) -> str:
+        """Join the learner's group as `rank` (returns once every rank has) and build this rank's shard
+        of the learner; returns its device."""
+        config = self.config
+        if config.model.strict_matmul:
+            strict_matmul()  # the same MKL mode on every rank, as `tether train`'s ranks
+        torch.manual_seed(config.run.seed)
+        # Ray gives each actor only its own GPUs (CUDA_VISIBLE_DEVICES): its device is always cuda:0.
+        rendezvous = Rendezvous(rank, config.learner.world_size, init_method)
+        group = LearnerGroup(rendezvous, config.model.device, config.learner.timeout_s)
+        try:
+            self.learner = make_learner(config, str(group.device), group)
+        except BaseException:
+            group.close()
+            raise
+        return str(self.learner.device)
+
+    def follow(self) -> None:
+        assert isinstance(self.learner, ShardedLearner)
+        try:
+            self.learner.follow()
+        finally:
+            self.learner.group.close()
+
+    def save_state(self, directory: str) -> None:
+        """Every rank writes its shards into `directory` (rank 0 leads); returns once they are written."""
+        self.learner.save_state(Path(directory))
+        self.learner.wait_saved()
+
+    def load_state_from(self, directory: str) -> None:
+        self.learner.load_state(Path(directory))
+
+    def close(self) -> None:
+        """Rank 0: release the other ranks from `follow`, then leave the group."""
+        self.learner.close()

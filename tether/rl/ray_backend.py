@@ -17,6 +17,7 @@ sent out after a resume). Ray is imported only by this backend (`ray_actors.requ
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -27,13 +28,21 @@ import torch
 
 from tether.engine.weight_sync import SyncBackend
 from tether.envs.base import ScoringContext
-from tether.errors import ConfigError
+from tether.errors import ConfigError, TetherError
 from tether.models import load
+from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
 from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, WeightSync
 from tether.rl.learner import Learner, LearnStats, Sample
-from tether.rl.ray_actors import LearnerActor, LearnerState, RolloutWorker, Weights, require_ray
+from tether.rl.ray_actors import (
+    LearnerActor,
+    LearnerRank,
+    LearnerState,
+    RolloutWorker,
+    Weights,
+    require_ray,
+)
 from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
@@ -51,6 +60,15 @@ if TYPE_CHECKING:
     from tether.envs.registry import EnvRegistry
 
 # --- the driver's side ------------------------------------------------------------------------------
+
+# How long a following learner rank may take to return once rank 0 has told it to stop.
+_FOLLOWER_EXIT_S = 60.0
+# How long to look for a following rank's failure behind one of rank 0's.
+_PEER_FAILURE_S = 5.0
+
+
+class LearnerRankError(TetherError):
+    """A rank of a sharded learner on Ray actors failed or stopped: the run cannot go on."""
 
 
 class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
@@ -113,6 +131,71 @@ class RemoteLearner(Learner):
         )
         self.ray.get(self.actor.load_state.remote(state))
 
+    copies_state = True  # checkpoints go through the CPU copy (`pull`, `send`)
+
+
+class RemoteShardedLearner(RemoteLearner):
+    """The driver's handle on a sharded learner's actors (`LearnerRank`): rank 0 (`actor`) leads, the
+    others run `follow` (`following`: their calls). No CPU copy: every rank writes and reads its own
+    shards of a checkpoint in the run directory (which every actor's node must reach). A rank that
+    stops early fails the call waiting for rank 0 at once, instead of after the group's timeout."""
+
+    copies_state = False
+
+    def __init__(
+        self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM, following: list[Any]
+    ) -> None:
+        super().__init__(ray, actor, config, model)
+        self.following = following
+        self.failed = False  # a rank stopped: rank 0 is stuck in a collective, the cluster kills them
+
+    def _get(self, ref: Any) -> Any:
+        ready, _ = self.ray.wait([ref, *self.following], num_returns=1)
+        if ready[0] is not ref:
+            self._fail(ready[0])
+        try:
+            return self.ray.get(ref)
+        except Exception:
+            # Rank 0's collective may fail first when a peer is gone: name that peer if it is.
+            ended = (
+                self.following and self.ray.wait(self.following, num_returns=1, timeout=_PEER_FAILURE_S)[0]
+            )
+            if ended:
+                self._fail(ended[0])
+            raise
+
+    def _fail(self, call: Any) -> None:
+        """Raise what ended rank `call`'s `follow` before rank 0 told it to stop."""
+        self.failed = True
+        rank = 1 + self.following.index(call)
+        try:
+            self.ray.get(call)
+        except Exception as error:
+            raise LearnerRankError(f"learner rank {rank} (a Ray actor) failed: {error}") from error
+        raise LearnerRankError(f"learner rank {rank} (a Ray actor) stopped before rank 0 told it to")
+
+    def step(self, samples: Sequence[Sample]) -> LearnStats:
+        stats: LearnStats = self._get(self.actor.step.remote(list(samples)))
+        return stats
+
+    def save_state(self, directory: Path) -> None:
+        self._get(self.actor.save_state.remote(str(directory.resolve())))
+
+    def load_state(self, directory: Path) -> None:
+        self._get(self.actor.load_state_from.remote(str(directory.resolve())))
+
+    def close(self) -> None:
+        """Rank 0 tells the others to stop; each leaves the group (the cluster kills a stuck one, and
+        all of them after a rank failed)."""
+        if self.failed:
+            return
+        self._get(self.actor.close.remote())
+        if self.following:
+            ready, _ = self.ray.wait(
+                self.following, num_returns=len(self.following), timeout=_FOLLOWER_EXIT_S
+            )
+            self.ray.get(ready)  # a rank's own error, if it had one
+
 
 class RayRollouts:
     """A `RolloutSource` over rollout worker actors: each generates and scores a shard of the prompts."""
@@ -163,9 +246,10 @@ class RayCluster:
         self.ray = ray
         self.started = not ray.is_initialized()
         section = config.ray
-        self.learner = config.run.backend is Backend.RAY  # whether the learner is an actor
+        # How many learner actors (one per rank; none: the learner is in this process).
+        self.learners = config.learner.world_size if config.run.backend is Backend.RAY else 0
         self.workers = config.rollout_backend is RolloutBackend.RAY  # whether the rollout engines are
-        plan = plan_bundles(config.run.name, section, self.learner, self.workers)
+        plan = plan_bundles(config.run.name, section, self.learners, self.workers)
         if self.started:
             self._init(section, math.ceil(sum(b["CPU"] for b in plan.bundles)))
         self.actors: list[Any] = []
@@ -236,7 +320,7 @@ class RayTrainer(Trainer):
         self.cluster = cluster
 
     def start_run_dir(self, resume: bool) -> None:
-        if resume and self.remote is not None:
+        if resume and self.remote is not None and self.remote.copies_state:
             # The actor must hold the checkpoint's state before the local resume pushes its weights to
             # the workers; the local resume then loads the same checkpoint into the driver's copy again.
             learner = self.learner
@@ -245,7 +329,7 @@ class RayTrainer(Trainer):
         super().start_run_dir(resume)
 
     def checkpoint(self) -> Path:
-        if self.remote is not None:
+        if self.remote is not None and self.remote.copies_state:
             self.remote.pull()
         return super().checkpoint()
 
@@ -254,6 +338,32 @@ class RayTrainer(Trainer):
             super().close()
         finally:
             self.cluster.close()
+
+
+def _start_ranks(
+    ray: ModuleType, cluster: RayCluster, config: TrainConfig, concurrency: int
+) -> tuple[Any, list[Any]]:
+    """A sharded learner's actors, one per bundle: rank 0 picks the rendezvous on its node, every rank
+    joins it (at once: each waits for the others), then ranks > 0 start following rank 0. Returns
+    rank 0 and the following ranks' `follow` calls."""
+    section = config.ray
+    ranks = [
+        cluster.actor(
+            LearnerRank,
+            rank,
+            section.learner_cpus,
+            section.learner_gpus,
+            config,
+            section.learner_cpus,
+            concurrency=concurrency if rank == 0 else 1,
+        )
+        for rank in range(config.learner.world_size)
+    ]
+    init_method: str = ray.get(ranks[0].address.remote())
+    joins = [actor.join.remote(rank, init_method) for rank, actor in enumerate(ranks)]
+    # The group's own timeout bounds each join (a rank that never comes fails the others' init).
+    ray.get(joins)
+    return ranks[0], [actor.follow.remote() for actor in ranks[1:]]
 
 
 def build_ray_trainer(
@@ -266,6 +376,11 @@ def build_ray_trainer(
 
     Each worker gets its own copy of the (unstarted) `sandbox` provider and so its own sandbox pool."""
     learner_actor = config.run.backend is Backend.RAY
+    if learner_actor and config.learner.strategy is Strategy.FSDP and "WORLD_SIZE" in os.environ:
+        raise ConfigError(
+            "run.backend = 'ray' with learner.strategy = 'fsdp' starts the learner ranks as Ray actors: "
+            "run tether train without torchrun (or set run.backend = 'local' under torchrun)"
+        )
     ray = require_ray("run.backend" if learner_actor else "rollout.backend")
     torch.manual_seed(config.run.seed)
     servers = None
@@ -286,17 +401,21 @@ def build_ray_trainer(
             # broadcast would last as long as a step. Only that pair ever overlaps (the snapshot is the
             # driver's copy, never the weights being trained).
             threaded = config.weight_sync is WeightSync.COLLECTIVE and not config.rollout_backend.remote
-            actor = cluster.actor(
-                LearnerActor,
-                0,
-                section.learner_cpus,
-                section.learner_gpus,
-                config,
-                section.learner_cpus,
-                concurrency=2 if threaded else 1,
-            )
             model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
-            learner = RemoteLearner(ray, actor, config, model)
+            if config.learner.strategy is Strategy.FSDP:
+                actor, following = _start_ranks(ray, cluster, config, 2 if threaded else 1)
+                learner = RemoteShardedLearner(ray, actor, config, model, following)
+            else:
+                actor = cluster.actor(
+                    LearnerActor,
+                    0,
+                    section.learner_cpus,
+                    section.learner_gpus,
+                    config,
+                    section.learner_cpus,
+                    concurrency=2 if threaded else 1,
+                )
+                learner = RemoteLearner(ray, actor, config, model)
         else:
             learner = open_learner(config)
         rollouts: RolloutSource
@@ -304,7 +423,7 @@ def build_ray_trainer(
             workers = [
                 cluster.actor(
                     RolloutWorker,
-                    int(learner_actor) + index,  # after the learner's bundle, if it has one
+                    cluster.learners + index,  # after the learners' bundles, if they have any
                     section.rollout_cpus,
                     section.rollout_gpus,
                     config,
