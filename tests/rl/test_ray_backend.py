@@ -4,7 +4,8 @@ One Ray cluster (2 CPUs) serves the module. A sync run on two workers reproduces
 rewards step for step: the plan, every sampling seed and the weights are the same, and a request's tokens
 do not depend on which engine (or batch) generated it; that holds whether the weights are broadcast over
 a collective (from the learner actor, or from this process beside a local learner) or go through the
-object store. Async runs keep the staleness bound across
+object store. A sharded learner of 2 rank actors (gloo) matches the local single learner, and its
+checkpoint resumes on one. Async runs keep the staleness bound across
 processes and resume (marked slow: each run starts its own actors, ~20-40 s here).
 """
 
@@ -31,15 +32,14 @@ from tether.errors import ConfigError
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ray_backend import (
-    LearnerRankError,
     RayCluster,
     RayRollouts,
     RayTrainer,
-    RemoteShardedLearner,
     RemoteWeights,
     build_ray_trainer,
 )
 from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
+from tether.rl.ray_ranks import LearnerRankError, RemoteShardedLearner
 from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sources import Generated
 from tether.rl.trainer import build_trainer

@@ -11,7 +11,8 @@ the policy version, so recorded versions and the `max_staleness` bound hold acro
 broadcast over a torch.distributed group from wherever the learner is (`ray_sync.py`, the default), or
 with `rollout.weight_sync = "object_store"` once into Ray's object store, every worker pulling them.
 The driver keeps a CPU copy of the learner's state that is refreshed only to write a checkpoint (and
-sent out after a resume). Ray is imported only by this backend (`ray_actors.require_ray`).
+sent out after a resume); a sharded learner (one actor per rank, `ray_ranks.py`) writes its own. Ray
+is imported only by this backend (`ray_actors.require_ray`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from tether.engine.weight_sync import SyncBackend
 from tether.envs.base import ScoringContext
-from tether.errors import ConfigError, TetherError
+from tether.errors import ConfigError
 from tether.models import load
 from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
@@ -37,7 +38,6 @@ from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, W
 from tether.rl.learner import Learner, LearnStats, Sample
 from tether.rl.ray_actors import (
     LearnerActor,
-    LearnerRank,
     LearnerState,
     RolloutWorker,
     Weights,
@@ -60,15 +60,6 @@ if TYPE_CHECKING:
     from tether.envs.registry import EnvRegistry
 
 # --- the driver's side ------------------------------------------------------------------------------
-
-# How long a following learner rank may take to return once rank 0 has told it to stop.
-_FOLLOWER_EXIT_S = 60.0
-# How long to look for a following rank's failure behind one of rank 0's.
-_PEER_FAILURE_S = 5.0
-
-
-class LearnerRankError(TetherError):
-    """A rank of a sharded learner on Ray actors failed or stopped: the run cannot go on."""
 
 
 class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
@@ -107,6 +98,8 @@ class RemoteLearner(Learner):
     """The driver's handle on the learner actor; the inherited model, optimizer and schedule are a CPU
     copy that only holds state for checkpoints (`pull` before writing one, `send` after loading one)."""
 
+    copies_state = True  # checkpoints go through the CPU copy (`pull`, `send`); a sharded one's do not
+
     def __init__(self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM) -> None:
         super().__init__(model, **learner_options(config))  # LoRA too: the actor's trainable structure
         self.ray = ray
@@ -130,71 +123,6 @@ class RemoteLearner(Learner):
             self.trainable.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict()
         )
         self.ray.get(self.actor.load_state.remote(state))
-
-    copies_state = True  # checkpoints go through the CPU copy (`pull`, `send`)
-
-
-class RemoteShardedLearner(RemoteLearner):
-    """The driver's handle on a sharded learner's actors (`LearnerRank`): rank 0 (`actor`) leads, the
-    others run `follow` (`following`: their calls). No CPU copy: every rank writes and reads its own
-    shards of a checkpoint in the run directory (which every actor's node must reach). A rank that
-    stops early fails the call waiting for rank 0 at once, instead of after the group's timeout."""
-
-    copies_state = False
-
-    def __init__(
-        self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM, following: list[Any]
-    ) -> None:
-        super().__init__(ray, actor, config, model)
-        self.following = following
-        self.failed = False  # a rank stopped: rank 0 is stuck in a collective, the cluster kills them
-
-    def _get(self, ref: Any) -> Any:
-        ready, _ = self.ray.wait([ref, *self.following], num_returns=1)
-        if ready[0] is not ref:
-            self._fail(ready[0])
-        try:
-            return self.ray.get(ref)
-        except Exception:
-            # Rank 0's collective may fail first when a peer is gone: name that peer if it is.
-            ended = (
-                self.following and self.ray.wait(self.following, num_returns=1, timeout=_PEER_FAILURE_S)[0]
-            )
-            if ended:
-                self._fail(ended[0])
-            raise
-
-    def _fail(self, call: Any) -> None:
-        """Raise what ended rank `call`'s `follow` before rank 0 told it to stop."""
-        self.failed = True
-        rank = 1 + self.following.index(call)
-        try:
-            self.ray.get(call)
-        except Exception as error:
-            raise LearnerRankError(f"learner rank {rank} (a Ray actor) failed: {error}") from error
-        raise LearnerRankError(f"learner rank {rank} (a Ray actor) stopped before rank 0 told it to")
-
-    def step(self, samples: Sequence[Sample]) -> LearnStats:
-        stats: LearnStats = self._get(self.actor.step.remote(list(samples)))
-        return stats
-
-    def save_state(self, directory: Path) -> None:
-        self._get(self.actor.save_state.remote(str(directory.resolve())))
-
-    def load_state(self, directory: Path) -> None:
-        self._get(self.actor.load_state_from.remote(str(directory.resolve())))
-
-    def close(self) -> None:
-        """Rank 0 tells the others to stop; each leaves the group (the cluster kills a stuck one, and
-        all of them after a rank failed)."""
-        if self.failed:
-            return
-        self._get(self.actor.close.remote())
-        if self.following:
-            ready, _ = self.ray.wait(
-                self.following, num_returns=len(self.following), timeout=_FOLLOWER_EXIT_S
-            )
-            self.ray.get(ready)  # a rank's own error, if it had one
 
 
 class RayRollouts:
@@ -340,32 +268,6 @@ class RayTrainer(Trainer):
             self.cluster.close()
 
 
-def _start_ranks(
-    ray: ModuleType, cluster: RayCluster, config: TrainConfig, concurrency: int
-) -> tuple[Any, list[Any]]:
-    """A sharded learner's actors, one per bundle: rank 0 picks the rendezvous on its node, every rank
-    joins it (at once: each waits for the others), then ranks > 0 start following rank 0. Returns
-    rank 0 and the following ranks' `follow` calls."""
-    section = config.ray
-    ranks = [
-        cluster.actor(
-            LearnerRank,
-            rank,
-            section.learner_cpus,
-            section.learner_gpus,
-            config,
-            section.learner_cpus,
-            concurrency=concurrency if rank == 0 else 1,
-        )
-        for rank in range(config.learner.world_size)
-    ]
-    init_method: str = ray.get(ranks[0].address.remote())
-    joins = [actor.join.remote(rank, init_method) for rank, actor in enumerate(ranks)]
-    # The group's own timeout bounds each join (a rank that never comes fails the others' init).
-    ray.get(joins)
-    return ranks[0], [actor.follow.remote() for actor in ranks[1:]]
-
-
 def build_ray_trainer(
     config: TrainConfig,
     registry: EnvRegistry,
@@ -403,7 +305,9 @@ def build_ray_trainer(
             threaded = config.weight_sync is WeightSync.COLLECTIVE and not config.rollout_backend.remote
             model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
             if config.learner.strategy is Strategy.FSDP:
-                actor, following = _start_ranks(ray, cluster, config, 2 if threaded else 1)
+                from tether.rl.ray_ranks import RemoteShardedLearner, start_ranks
+
+                actor, following = start_ranks(ray, cluster, config, 2 if threaded else 1)
                 learner = RemoteShardedLearner(ray, actor, config, model, following)
             else:
                 actor = cluster.actor(
