@@ -352,7 +352,10 @@ class LearnerSection(_Section):
         Strategy.SINGLE, description="single (one process) or fsdp (FSDP2 over world_size ranks)."
     )
     world_size: int = Field(
-        1, ge=1, description="Learner ranks; > 1 needs fsdp. Under torchrun it must equal WORLD_SIZE."
+        1,
+        ge=1,
+        description="Learner ranks; > 1 needs fsdp. Under torchrun it must equal WORLD_SIZE; "
+        "with run.backend = 'ray', one learner actor each.",
     )
     activation_checkpointing: bool = Field(
         False, description="fsdp: recompute each layer's MLP activations in backward instead of keeping them."
