@@ -361,6 +361,28 @@ def test_async_ray_run_keeps_the_staleness_bound_across_processes(
         assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
 
 
+@pytest.mark.slow  # another set of actors
+def test_async_run_of_a_sharded_learner_on_ray_actors_matches_the_local_learner(
+    tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType
+) -> None:
+    # Rank 0 takes a step while it broadcasts the driver's snapshot of an older version to the engines.
+    model = tiny_model("qwen3")
+    local = make_trainer(tiny_config(model, tmp_path / "local", **ASYNC))
+    expected = local.run()
+    local.close()
+    sharded = {"strategy": "fsdp", "world_size": 2, "timeout_s": 60}
+    ray = {"rollout_workers": 1, "learner_cpus": 0.5, "rollout_cpus": 1.0}
+    run = {**ASYNC["run"], "backend": "ray"}
+    trainer = _ray_trainer(tiny_config(model, tmp_path / "ray", run=run, learner=sharded, ray=ray))
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    assert [m["staleness_max"] for m in history] == [0, 1, 1]
+    for got, want in zip(history, expected, strict=True):
+        assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
+
+
 @pytest.mark.slow  # two more sets of actors
 def test_killed_ray_run_resumes_where_it_stopped(
     tiny_model: Callable[[str], Path], tmp_path: Path, ray_cluster: ModuleType

@@ -46,7 +46,8 @@ class RemoteShardedLearner(RemoteLearner):
     ) -> None:
         super().__init__(ray, actor, config, model)
         self.following = following
-        self.failed = False  # a rank stopped: rank 0 is stuck in a collective, the cluster kills them
+        # A call failed: the ranks left may be stuck in a collective, and the cluster kills them all.
+        self.failed = False
 
     def _get(self, ref: Any) -> Any:
         ready, _ = self.ray.wait([ref, *self.following], num_returns=1)
@@ -55,6 +56,7 @@ class RemoteShardedLearner(RemoteLearner):
         try:
             return self.ray.get(ref)
         except Exception:
+            self.failed = True
             # Rank 0's collective may fail first when a peer is gone: name that peer if it is.
             ended = (
                 self.following and self.ray.wait(self.following, num_returns=1, timeout=_PEER_FAILURE_S)[0]
