@@ -129,7 +129,6 @@ def _config(**sections: Mapping[str, object]) -> TrainConfig:
     [
         ({"learner": {"world_size": 2}}, "world_size = 2 with learner.strategy = 'single'"),
         ({"learner": FSDP2, "model": {"lora": {"r": 4}}}, "LoRA trains with learner.strategy = 'single'"),
-        ({"learner": FSDP2, "run": {"backend": "ray"}}, "launch the ranks with torchrun"),
         ({"learner": {"strategy": "zero3"}}, "learner.strategy"),
         ({"learner": {"world_size": 0}}, "learner.world_size"),
         ({"learner": {"prefetch_layers": 1}}, "unknown key 'learner.prefetch_layers'"),

@@ -31,6 +31,7 @@ from tether.engine.weight_sync import WeightSyncError
 from tether.errors import ConfigError
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
+from tether.rl.ranks import follower_rendezvous
 from tether.rl.ray_backend import (
     RayCluster,
     RayRollouts,
@@ -207,6 +208,7 @@ def test_a_sharded_learner_on_ray_actors_is_refused_under_torchrun(
             "learner": {"strategy": "fsdp", "world_size": 2},
         }
     )  # the config itself is fine: tether starts the ranks as actors
+    assert follower_rendezvous(config) is None  # every torchrun rank, not only rank 0, is refused
     with pytest.raises(ConfigError, match="starts the learner ranks as Ray actors: run tether train without"):
         build_ray_trainer(config, fake_registry())
     assert not list(tmp_path.iterdir())

@@ -16,7 +16,7 @@ import torch
 from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.threads import available_cores, strict_matmul
-from tether.rl.config import TrainConfig
+from tether.rl.config import Backend, TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 
 
@@ -82,5 +82,7 @@ def follower_rendezvous(config: TrainConfig) -> Rendezvous | None:
                 f"learner.strategy = 'fsdp' and learner.world_size = {launched}, or run without torchrun"
             )
         return None
+    if config.run.backend is Backend.RAY:
+        return None  # its ranks are Ray actors: every torchrun rank gets build_ray_trainer's refusal
     rendezvous = Rendezvous.from_env(config.learner.world_size)
     return rendezvous if rendezvous is not None and rendezvous.rank > 0 else None
