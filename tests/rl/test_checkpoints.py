@@ -16,6 +16,7 @@ import torch
 
 from tether.errors import ConfigError
 from tether.models import load
+from tether.rl.builders import learner_options
 from tether.rl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -26,7 +27,6 @@ from tether.rl.checkpoint import (
 from tether.rl.config import OptimSection
 from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
-from tether.rl.trainer import learner_options
 
 from .test_resume import _stable
 from .test_trainer import make_trainer, tiny_config

@@ -35,12 +35,13 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.tools import submit_tool
 from tether.models import load
+from tether.rl.builders import learner_options
 from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
 from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble
 from tether.rl.learner import Learner
 from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
 from tether.rl.sources import EngineRollouts
-from tether.rl.trainer import Trainer, learner_options, to_samples
+from tether.rl.trainer import Trainer, to_samples
 
 from .fake_envs import letters_env
 

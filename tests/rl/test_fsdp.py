@@ -12,6 +12,7 @@ import torch
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.memory_plan import Strategy
+from tether.rl.builders import build_trainer, learner_options
 from tether.rl.checkpoint import latest_checkpoint, saved_model
 from tether.rl.config import LearnerSection, OptimSection, TrainConfig, parse_config
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
@@ -20,7 +21,7 @@ from tether.rl.losses import Correction
 from tether.rl.parity import compare_with_single
 from tether.rl.ranks import follower_rendezvous
 from tether.rl.sharded import ShardedLearner, split_groups
-from tether.rl.trainer import Trainer, build_trainer, learner_options
+from tether.rl.trainer import Trainer
 
 from .fake_envs import fake_registry
 from .test_resume import _stable

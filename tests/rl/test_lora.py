@@ -18,11 +18,12 @@ from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
+from tether.rl.builders import make_engine, make_learner
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import LoraSection, OptimSection, TrainConfig, dump_config, parse_config
 from tether.rl.learner import Learner, Sample
 from tether.rl.losses import LossConfig
-from tether.rl.trainer import Trainer, make_engine, make_learner
+from tether.rl.trainer import Trainer
 
 from .fake_envs import fake_registry
 from .test_trainer import tiny_config

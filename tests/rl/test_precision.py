@@ -17,10 +17,10 @@ from tests.placement import Placement
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.precision import DType
+from tether.rl.builders import build_trainer
 from tether.rl.config import OptimSection
 from tether.rl.learner import Learner, Sample
 from tether.rl.losses import LossConfig
-from tether.rl.trainer import build_trainer
 
 from .fake_envs import fake_registry
 from .test_trainer import tiny_config

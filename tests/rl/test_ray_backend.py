@@ -29,6 +29,7 @@ from tests.live_server import live_server
 from tether.cli.main import app
 from tether.engine.weight_sync import WeightSyncError
 from tether.errors import ConfigError
+from tether.rl.builders import build_trainer
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.ranks import follower_rendezvous
@@ -43,7 +44,6 @@ from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_ranks import LearnerRankError, RemoteShardedLearner
 from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sources import Generated
-from tether.rl.trainer import build_trainer
 
 from .fake_envs import fake_registry
 from .fake_vllm import FakeState, create_fake_vllm

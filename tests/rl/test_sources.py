@@ -19,11 +19,12 @@ from tests.live_server import live_server
 from tether.cli.main import app
 from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
+from tether.rl.builders import build_trainer
 from tether.rl.config import TrainConfig, dump_config, parse_config
 from tether.rl.rollout import PromptPlan
 from tether.rl.servers import ServerHTTPError
 from tether.rl.sources import server_rollouts
-from tether.rl.trainer import build_trainer, sampling_params
+from tether.rl.trainer import sampling_params
 
 from .fake_envs import fake_registry
 from .fake_sglang import FakeSGLangState, create_fake_sglang

@@ -12,9 +12,10 @@ import torch
 from tether.engine.llm_engine import LLMEngine
 from tether.envs.base import ScoringContext
 from tether.models import load
+from tether.rl.builders import learner_options, open_run
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.learner import Learner
-from tether.rl.trainer import Trainer, learner_options, open_run
+from tether.rl.trainer import Trainer
 
 from .fake_envs import fake_registry
 

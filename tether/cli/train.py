@@ -190,9 +190,9 @@ def train_command(
     # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
     from tether.envs.base import SandboxProvider
     from tether.models import configure_threads
+    from tether.rl.builders import build_trainer
     from tether.rl.config import load_config, parse_config
     from tether.rl.ranks import follow_rank, follower_rendezvous
-    from tether.rl.trainer import build_trainer
 
     with user_errors():
         settings = state(ctx).settings()

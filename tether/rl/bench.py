@@ -142,7 +142,7 @@ def train_config(config: BenchConfig, mode: Mode, out_dir: Path) -> TrainConfig:
 
 
 def run_tether(config: BenchConfig, mode: Mode, out_dir: Path, progress: Progress) -> StepTimes:
-    from tether.rl.trainer import build_trainer
+    from tether.rl.builders import build_trainer
 
     trainer = build_trainer(train_config(config, mode, out_dir))
     times, clock = StepTimes(), _Clock()

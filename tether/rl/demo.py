@@ -26,11 +26,12 @@ from tether.engine.sampling import SamplingParams
 from tether.envs.base import SandboxProvider
 from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
+from tether.rl.builders import build_trainer
 from tether.rl.config import Backend, RolloutBackend, TrainConfig, parse_config
 from tether.rl.report import ALL, write_report  # ALL: the comparison row over every domain
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
 from tether.rl.sources import EngineRollouts
-from tether.rl.trainer import Metrics, build_trainer
+from tether.rl.trainer import Metrics
 
 Z_CLEAR = 2.0  # a gain counts as clear when it exceeds this many standard errors
 

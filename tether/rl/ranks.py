@@ -22,8 +22,8 @@ from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 
 def follow_rank(config: TrainConfig, rendezvous: Rendezvous) -> None:
     """The whole life of a rank > 0: join the group, build its shard of the learner, follow rank 0."""
+    from tether.rl.builders import make_learner
     from tether.rl.sharded import ShardedLearner
-    from tether.rl.trainer import make_learner
 
     if config.model.strict_matmul:
         strict_matmul()  # the same MKL mode as rank 0, or the ranks' logprobs differ in the last bits

@@ -22,13 +22,14 @@ from tether.envs.base import ScoringContext
 from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.threads import strict_matmul
+from tether.rl.builders import make_engine, make_learner
 from tether.rl.config import TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Learner, LearnStats, Sample
 from tether.rl.rollout import PromptPlan
 from tether.rl.sharded import ShardedLearner
 from tether.rl.sources import EngineRollouts, Generated
-from tether.rl.trainer import make_engine, make_learner, sampling_params
+from tether.rl.trainer import sampling_params
 
 if TYPE_CHECKING:
     from tether.envs.base import SandboxProvider

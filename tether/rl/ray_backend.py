@@ -33,6 +33,7 @@ from tether.errors import ConfigError
 from tether.models import load
 from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
+from tether.rl.builders import learner_options, open_learner, open_run
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
 from tether.rl.config import Backend, RaySection, RolloutBackend, TrainConfig, WeightSync
 from tether.rl.learner import Learner, LearnStats, Sample
@@ -47,13 +48,7 @@ from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
 from tether.rl.sources import Generated, RolloutSource, server_rollouts
-from tether.rl.trainer import (
-    Trainer,
-    learner_options,
-    open_learner,
-    open_run,
-    sampling_params,
-)
+from tether.rl.trainer import Trainer, sampling_params
 
 if TYPE_CHECKING:
     from tether.envs.base import SandboxProvider

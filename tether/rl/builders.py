@@ -1,0 +1,150 @@
+"""How a run is put together: the rollout engine, the learner (single or rank 0 of a sharded one), the
+rollout source `[rollout] backend` names, and the `Trainer` over them with its run directory opened.
+
+`build_trainer` is the one entry `tether train`, the demo and the benchmarks use; the Ray backend
+(`ray_backend.py`) and its actors reuse the pieces (`make_engine`, `make_learner`, `learner_options`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from tether.envs.base import SandboxProvider, ScoringContext
+from tether.envs.registry import EnvRegistry, default_registry, mixture_from_weights
+from tether.models.memory_plan import Strategy
+from tether.models.precision import resolve_device
+from tether.models.threads import strict_matmul
+from tether.rl.config import Backend, RolloutBackend, TrainConfig
+from tether.rl.learner import Learner
+from tether.rl.sources import RolloutSource, server_rollouts
+from tether.rl.trainer import Trainer, sampling_params
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tether.engine.llm_engine import LLMEngine
+    from tether.rl.distributed import LearnerGroup
+
+
+def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
+    """The rollout engine of `config` on `device` (in this process or a rollout worker's)."""
+    from tether.engine.llm_engine import LLMEngine
+
+    model_config = config.model
+    return LLMEngine.from_pretrained(
+        model_config.name,
+        cache_dir=model_config.cache_dir,
+        kv_cache_mib=model_config.kv_cache_mib,
+        device=resolve_device(device, "model.device"),
+        dtype=model_config.dtype.torch,
+        seed=config.run.seed,
+    )
+
+
+TrainerT = TypeVar("TrainerT", bound=Trainer)
+
+
+def open_run(trainer: TrainerT, resume: bool) -> TrainerT:
+    """`trainer` with its run directory started (or its latest checkpoint loaded); closed if that fails."""
+    try:
+        trainer.start_run_dir(resume)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
+
+
+def learner_options(config: TrainConfig) -> dict[str, Any]:
+    """The `Learner` arguments `config` alone fixes: shared by the learner and the Ray driver's copy of
+    its state (which never computes, so it takes no reference model and no compute dtype)."""
+    return {
+        "optim": config.optim,
+        "loss": config.algorithm.loss(),
+        "total_steps": config.run.steps,
+        "temperature": config.rollout.temperature,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "lora": config.model.lora,
+        "tis_cap": config.algorithm.tis_cap,
+        "mismatch_correction": config.algorithm.mismatch_correction,
+        "mismatch_cap": config.algorithm.mismatch_cap,
+        "async_checkpoint": config.learner.async_checkpoint,
+    }
+
+
+def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = None) -> Learner:
+    """The learner of `config` on `device` (in this process or the Ray learner actor's); with
+    `learner.strategy = "fsdp"`, this rank's `ShardedLearner` over `group`."""
+    from tether.models import load
+
+    model_config = config.model
+    where = resolve_device(device, "model.device")
+    # float32 master weights whatever model.dtype says: the learner computes in model.dtype (autocast)
+    model, _, _ = load(model_config.name, model_config.cache_dir, device=where)
+    reference = None
+    if config.algorithm.kl_coef > 0:
+        reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
+    if config.learner.strategy is Strategy.FSDP:
+        from tether.rl.sharded import ShardedLearner
+
+        assert group is not None, "a sharded learner needs its process group"
+        return ShardedLearner(
+            model,
+            group,
+            config.learner,
+            compute_dtype=model_config.dtype.torch,
+            reference=reference,
+            **learner_options(config),
+        )
+    return Learner(
+        model, reference=reference, compute_dtype=model_config.dtype.torch, **learner_options(config)
+    )
+
+
+def open_learner(config: TrainConfig) -> Learner:
+    """This process's learner; with `learner.strategy = "fsdp"`, rank 0 of its group (torchrun's ranks,
+    or ranks 1..N-1 started here), the group closed again if the learner cannot be made."""
+    if config.learner.strategy is not Strategy.FSDP:
+        return make_learner(config, config.model.device)
+    from tether.rl.ranks import open_learner_group
+
+    group = open_learner_group(config)
+    try:
+        return make_learner(config, str(group.device), group)
+    except BaseException:
+        group.close()
+        raise
+
+
+def build_trainer(
+    config: TrainConfig,
+    registry: EnvRegistry | None = None,
+    sandbox: SandboxProvider | None = None,
+    resume: bool = False,
+) -> Trainer:
+    """Load the learner's model, a frozen reference (when KL is on) and the rollout engine; open the run.
+
+    Rollouts come from where `config.rollout_backend` says (`sources.py`); with `run.backend = "ray"` or
+    `rollout.backend = "ray"` the learner or the rollout engines are Ray actors (`ray_backend.py`)."""
+    registry = registry or default_registry()
+    mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
+    if config.model.strict_matmul:
+        strict_matmul()
+    if config.run.backend is Backend.RAY or config.rollout_backend is RolloutBackend.RAY:
+        from tether.rl.ray_backend import build_ray_trainer  # imports Ray: only for the runs that use it
+
+        return build_ray_trainer(config, registry, sandbox, resume)
+    torch.manual_seed(config.run.seed)
+    ctx = ScoringContext(sandbox)
+    rollouts: RolloutSource | None = None
+    if config.rollout_backend.remote:  # checks the mixture before any model loads
+        rollouts = server_rollouts(config, registry, ctx, sampling_params(config.rollout))
+    try:
+        engine, tokenizer = (None, None) if rollouts is not None else make_engine(config, config.model.device)
+        learner = open_learner(config)
+    except BaseException:
+        if rollouts is not None:
+            rollouts.close()
+        raise
+    return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx, rollouts=rollouts), resume)
