@@ -107,19 +107,28 @@ class WeightSyncConfig:
 # --- the group -------------------------------------------------------------------------------------------
 
 
+def standalone_backend(
+    store: Store, rank: int, world_size: int, backend: SyncBackend, timeout: timedelta
+) -> Any:
+    """A gloo (CPU) or NCCL (CUDA) backend of `world_size` ranks on `store`, outside torch's default group;
+    constructing it waits until every rank has joined."""
+    if backend is SyncBackend.GLOO:
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    nccl = getattr(dist, "ProcessGroupNCCL", None)  # absent from CPU builds of torch
+    if nccl is None or not torch.cuda.is_available():
+        raise ConfigError("weight sync: backend = 'nccl' needs CUDA and a torch built with NCCL")
+    options = nccl.Options()
+    options._timeout = timeout
+    return nccl(store, rank, world_size, options)
+
+
 def join_group(config: WeightSyncConfig, store: Store, rank: int) -> Any:
     """The data plane's backend on `store`; constructing it waits until every rank has joined."""
     timeout = timedelta(seconds=config.timeout_s)
-    prefix = PrefixStore(GROUP_PREFIX, store)
     try:
-        if config.sync_backend is SyncBackend.GLOO:
-            return dist.ProcessGroupGloo(prefix, rank, config.world_size, timeout)
-        nccl = getattr(dist, "ProcessGroupNCCL", None)
-        if nccl is None or not torch.cuda.is_available():
-            raise ConfigError("weight sync: backend = 'nccl' needs CUDA and a torch built with NCCL")
-        options = nccl.Options()
-        options._timeout = timeout
-        return nccl(prefix, rank, config.world_size, options)
+        return standalone_backend(
+            PrefixStore(GROUP_PREFIX, store), rank, config.world_size, config.sync_backend, timeout
+        )
     except RuntimeError as error:  # torch's DistError: a rank missing or unreachable
         raise WeightSyncError(
             f"weight sync rank {rank}: the group of {config.world_size} ranks at {config.host}:"

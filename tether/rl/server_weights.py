@@ -39,7 +39,7 @@ import torch.distributed as dist
 # torch.distributed.TCPStore and friends, documented there; typed stubs export them from here only.
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from tether.engine.weight_sync import SyncBackend
+from tether.engine.weight_sync import SyncBackend, standalone_backend
 from tether.rl.servers import RolloutServer, ServerError, Tensors
 
 
@@ -112,14 +112,8 @@ def form_group(store: Store, rank: int, group: WeightsGroup, timeout: timedelta)
     prefixes are the group name (SGLang's), then "<group name>/", then its first device's ("cpu/" for
     gloo, which then serves every device; "cuda/" for NCCL); a sequence number is agreed on the store."""
     prefix = PrefixStore(f"{group.group_name}/", PrefixStore(group.group_name, store))
-    backend: Any
-    if group.backend is SyncBackend.GLOO:
-        backend = dist.ProcessGroupGloo(PrefixStore("cpu/", prefix), rank, group.world_size, timeout)
-    else:
-        nccl: Any = dist.ProcessGroupNCCL  # absent from CPU builds of torch, and from their stubs
-        options = nccl.Options()
-        options._timeout = timeout
-        backend = nccl(PrefixStore("cuda/", prefix), rank, group.world_size, options)
+    device = "cpu/" if group.backend is SyncBackend.GLOO else "cuda/"
+    backend = standalone_backend(PrefixStore(device, prefix), rank, group.world_size, group.backend, timeout)
     backend._set_sequence_number_for_group()
     return backend
 
