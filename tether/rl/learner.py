@@ -169,7 +169,7 @@ SCALER = "scaler.pt"  # in a checkpoint of a float16 learner: its loss scale
 Row = list[int]  # indices of samples sharing one prompt: one prompt document and its completions
 
 
-def _row_tokens(samples: Sequence[Sample], row: Row) -> int:
+def row_tokens(samples: Sequence[Sample], row: Row) -> int:
     first = samples[row[0]]
     return first.completion_start + sum(len(samples[i].token_ids) - samples[i].completion_start for i in row)
 
@@ -183,11 +183,20 @@ def _split(samples: Sequence[Sample], members: Row, size: int, max_tokens: int |
         if (
             not row
             or len(row) == size
-            or (max_tokens is not None and _row_tokens(samples, [*row, index]) > max_tokens)
+            or (max_tokens is not None and row_tokens(samples, [*row, index]) > max_tokens)
         ):
             rows.append([])
         rows[-1].append(index)
     return rows
+
+
+def prompt_groups(samples: Sequence[Sample], trained: Sequence[bool]) -> list[Row]:
+    """The `trained` samples grouped by their prompt (its token ids), in order of first appearance."""
+    groups: dict[tuple[int, ...], Row] = {}
+    for index, sample in enumerate(samples):
+        if trained[index]:
+            groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
+    return list(groups.values())
 
 
 def plan_micro_batches(
@@ -202,23 +211,23 @@ def plan_micro_batches(
     filled by rows of similar length."""
     assert size >= 1 and len(trained) == len(samples)
     assert max_tokens is None or max_tokens >= 1
-    groups: dict[tuple[int, ...], Row] = {}
-    for index, sample in enumerate(samples):
-        if trained[index]:
-            groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
-    rows = [row for members in groups.values() for row in _split(samples, members, size, max_tokens)]
-    rows.sort(key=lambda row: _row_tokens(samples, row), reverse=True)
+    rows = [
+        row
+        for members in prompt_groups(samples, trained)
+        for row in _split(samples, members, size, max_tokens)
+    ]
+    rows.sort(key=lambda row: row_tokens(samples, row), reverse=True)
     batches: list[list[Row]] = []
     count = size  # sequences in the last batch: start a new one at the first row
     tokens = 0  # tokens in the last batch
     for row in rows:
-        row_tokens = _row_tokens(samples, row)
-        if count + len(row) > size or (max_tokens is not None and tokens + row_tokens > max_tokens):
+        length = row_tokens(samples, row)
+        if count + len(row) > size or (max_tokens is not None and tokens + length > max_tokens):
             batches.append([])
             count = tokens = 0
         batches[-1].append(row)
         count += len(row)
-        tokens += row_tokens
+        tokens += length
     return batches
 
 

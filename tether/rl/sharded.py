@@ -32,7 +32,16 @@ from tether.errors import ConfigError
 from tether.models.transformer import CausalLM, DecoderLayer
 from tether.rl.config import LearnerSection
 from tether.rl.distributed import LearnerGroup
-from tether.rl.learner import Learner, LearnStats, Ratios, Row, Sample, _row_tokens, check_compute_dtype
+from tether.rl.learner import (
+    Learner,
+    LearnStats,
+    Ratios,
+    Row,
+    Sample,
+    check_compute_dtype,
+    prompt_groups,
+    row_tokens,
+)
 from tether.rl.losses import Normaliser
 
 
@@ -109,17 +118,13 @@ def shard_model(
 def split_groups(samples: Sequence[Sample], trained: Sequence[bool], ranks: int) -> list[list[bool]]:
     """Which trained samples each rank computes: whole prompt groups (the prompt stays shared within a
     row), largest first onto the rank with the fewest tokens so far (lowest rank on ties)."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for index, sample in enumerate(samples):
-        if trained[index]:
-            groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
 
     def tokens(members: list[int]) -> int:
-        return _row_tokens(samples, members)
+        return row_tokens(samples, members)
 
     load = [0] * ranks
     shares = [[False] * len(samples) for _ in range(ranks)]
-    for members in sorted(groups.values(), key=tokens, reverse=True):
+    for members in sorted(prompt_groups(samples, trained), key=tokens, reverse=True):
         rank = min(range(ranks), key=lambda r: (load[r], r))
         load[rank] += tokens(members)
         for index in members:
