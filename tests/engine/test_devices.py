@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from tests.placement import Placement
-from tether.engine.attention import AttentionKernel, kernel_for
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.engine.speculative import SpeculativeConfig
+from tether.kernels.attention import AttentionKernel, kernel_for
 from tether.models import load
 from tether.models.precision import DType
 

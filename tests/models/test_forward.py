@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from tether.engine import attention
-from tether.engine.attention import AttentionKernel, attention_kernel
 from tether.engine.model_runner import ModelRunner, SequenceChunk, WeightUpdateError, make_batch
+from tether.kernels import attention
+from tether.kernels.attention import AttentionKernel, attention_kernel
 from tether.models import ModelConfig, cpu, load, prepack
 from tether.models.cpu import CpuFeature
 from tether.models.prepack import ProjectionKernel, projection_kernel

@@ -9,9 +9,9 @@ from unittest import mock
 import pytest
 import torch
 
-from tether.engine.attention import AttentionKernel
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
+from tether.kernels.attention import AttentionKernel
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
 

@@ -78,7 +78,7 @@ def doctor_command(
     (present or missing) that decide it; a missing one means a slower fallback, never a failure."""
     import torch
 
-    from tether.engine.attention import attention_kernel
+    from tether.kernels.attention import attention_kernel
     from tether.models.cpu import USES, cpu_model, detected
     from tether.models.prepack import projection_kernel
 

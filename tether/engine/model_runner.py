@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.engine.attention import AttentionMetadata, SequenceSpan
-from tether.engine.kv_cache import KVCache
+from tether.kernels.attention import AttentionMetadata, SequenceSpan
+from tether.kernels.kv_cache import KVCache
 from tether.models.config import ModelConfig
 from tether.models.governor import ThreadGovernor
 from tether.models.quantize import is_quantized, update_quantized_weights

@@ -1,7 +1,7 @@
 """What this CPU and this torch build can run: the features the CPU-specific kernels depend on, read once.
 
 Each kernel's choice is a pure function of a feature set (`prepack.projection_kernel`,
-`tether.engine.attention.attention_kernel`), so every fallback can be tested on a machine that has the
+`tether.kernels.attention.attention_kernel`), so every fallback can be tested on a machine that has the
 feature: pass a set without it. This module only detects; it chooses nothing and changes no setting.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tether.engine.attention import AttentionKernel, kernel_for, native_attention
+from tether.kernels.attention import AttentionKernel, kernel_for, native_attention
 from tether.models.layers import RotaryEmbedding
 from tether.models.transformer import Attention, CausalLM, DecoderLayer
 

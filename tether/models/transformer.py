@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tether.engine.attention import AttentionMetadata, paged_attention
-from tether.engine.kv_cache import KVCache
+from tether.kernels.attention import AttentionMetadata, paged_attention
+from tether.kernels.kv_cache import KVCache
 from tether.models import prepack
 from tether.models.config import ModelConfig
 from tether.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, stacked_projections

@@ -23,7 +23,7 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
-from tether.engine import _paged  # after torch: its OpenMP runtime is then the one the kernel links to
+from tether.kernels import _paged  # after torch: its OpenMP runtime is then the one the kernel links to
 from tether.models import cpu
 from tether.models.cpu import CpuFeature
 

@@ -2,7 +2,7 @@
 
 A token's K/V live at flat slot `block_id * block_size + offset`. This module only allocates and views
 the storage; which blocks a sequence owns is the block manager's business, and attention reads them
-through `tether.engine.attention`.
+through `tether.kernels.attention`.
 """
 
 from __future__ import annotations

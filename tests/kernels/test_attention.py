@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.engine import _paged
-from tether.engine.attention import (
+from tether.kernels import _paged
+from tether.kernels.attention import (
     AttentionKernel,
     AttentionMetadata,
     SequenceSpan,

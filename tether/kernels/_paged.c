@@ -287,7 +287,7 @@ static PyMethodDef methods[] = {
     {"decode_attention", decode_attention, METH_VARARGS,
      "decode_attention(q, k, v, tables, lengths, out, batch, heads, kv_heads, head_dim, block_size, "
      "width, num_blocks, longest, scale, threads, vector): attention of one query token per sequence "
-     "over its paged K/V (raw float32/int64 pointers, validated by tether.engine.attention); vector takes "
+     "over its paged K/V (raw float32/int64 pointers, validated by tether.kernels.attention); vector takes "
      "the AVX2 path, else the portable one."},
     {"avx2_fits", avx2_fits_py, METH_VARARGS,
      "avx2_fits(head_dim): whether this CPU can take the AVX2 path for heads of head_dim."},
