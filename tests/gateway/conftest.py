@@ -19,8 +19,8 @@ import uvicorn
 from tests.live_server import live_server
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
 from tether.engine.llm_engine import LLMEngine
-from tether.engine.server import create_app
 from tether.gateway import Gateway, GatewayConfig, Pool, build_gateway, create_gateway_app
+from tether.serving.app import create_app
 from tether.testing import make_tiny_model
 
 POSTGRES_URL = os.environ.get("TETHER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -26,10 +26,10 @@ class EngineModel(OpenAIChatModel):
         """`device` and `dtype` as `tether.models.precision` spells them, checked before anything loads."""
         from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
         from tether.engine.llm_engine import LLMEngine
-        from tether.engine.server import create_app
         from tether.models import configure_threads
         from tether.models.cache import pull
         from tether.models.precision import DType, resolve_device
+        from tether.serving.app import create_app
 
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
         on_cpu = where.type == "cpu"

@@ -40,8 +40,8 @@ def serve_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
-    from tether.engine.launcher import listen, serve
     from tether.models.precision import DType, resolve_device
+    from tether.serving.launcher import listen, serve
 
     with user_errors():
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")

@@ -31,7 +31,14 @@ from tether.engine.async_engine import (
     EngineStoppedError,
     RequestDelta,
 )
-from tether.engine.openai_api import (
+from tether.engine.sampling import SamplingParams
+from tether.errors import ConfigError, TetherError
+from tether.serving.metrics import (
+    EngineCollector,
+    RequestStatus,
+    ServerMetrics,
+)
+from tether.serving.openai_api import (
     SAMPLING_FIELD,
     APIError,
     ChatCompletionRequest,
@@ -40,13 +47,6 @@ from tether.engine.openai_api import (
     route_error,
     validation_error,
 )
-from tether.engine.sampling import SamplingParams
-from tether.engine.server_metrics import (
-    EngineCollector,
-    RequestStatus,
-    ServerMetrics,
-)
-from tether.errors import ConfigError, TetherError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

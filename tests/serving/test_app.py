@@ -31,8 +31,8 @@ from tests.fuzz import (
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig, EngineStoppedError, _held_back
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
-from tether.engine.server import create_app
 from tether.models.governor import ThreadGovernor
+from tether.serving.app import create_app
 from tether.testing import make_tiny_model
 
 MODEL = "tiny-qwen3"

@@ -1,6 +1,6 @@
 """OpenAI's request schemas for chat and text completions, and errors in OpenAI's error format.
 
-Pure data and validation: the HTTP app (`server.py`) parses requests with these models and answers
+Pure data and validation: the HTTP app (`app.py`) parses requests with these models and answers
 every problem as `{"error": {"message", "type", "param", "code"}}`. Fields the models do not declare
 (tools, response_format, penalties, logit_bias, ...) are refused as not supported by this server.
 """

@@ -1,5 +1,5 @@
 """The `tether serve` process: take the port first (a port in use fails before a model loads), load the
-model into an engine, and run the HTTP app (`server.py`) under uvicorn on that socket until interrupted.
+model into an engine, and run the HTTP app (`app.py`) under uvicorn on that socket until interrupted.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
-from tether.engine.server import create_app
 from tether.errors import ConfigError
+from tether.serving.app import create_app
 
 
 def listen(host: str, port: int) -> socket.socket:
