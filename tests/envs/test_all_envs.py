@@ -18,18 +18,12 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import (
-    MAX_SEED,
-    Environment,
-    Messages,
-    SandboxProvider,
-    Score,
-    ScoringContext,
-    Task,
-    run_episode,
-    scripted_policy,
-)
+from tether.chat import Messages
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import Environment, run_episode, scripted_policy
 from tether.envs.registry import default_registry
+from tether.envs.scoring import Score
+from tether.envs.tasks import MAX_SEED, Task
 from tether.sandbox.pool import PoolConfig
 
 REGISTRY = default_registry()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import EnvError, SandboxProvider, ScoringContext
 from tether.envs.code import CodeBlockParser, family_env, humaneval_env, run_calls, run_check
 from tether.envs.code.envs import FAMILIES, task_from_data
 from tether.envs.code.families import Lang, same_value
@@ -17,6 +16,8 @@ from tether.envs.code.harness import decode, encode
 from tether.envs.code.humaneval import problem_by_id, problems
 from tether.envs.code.native import encode_inputs, render_value
 from tether.envs.code.runner import parse_call_frames
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.errors import EnvError
 from tether.sandbox import PoolConfig, SandboxSpec
 
 PYTHON = [f for f in FAMILIES if f.language is Lang.PYTHON]

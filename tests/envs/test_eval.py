@@ -9,9 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tether.chat import Messages, ToolCall
 from tether.envs import math as math_envs
 from tether.envs import structured
-from tether.envs.base import EnvError, Messages, ScoringContext, ToolCall
+from tether.envs.context import ScoringContext
+from tether.envs.errors import EnvError
 from tether.envs.eval import (
     Conversation,
     EngineBackend,
@@ -293,7 +295,7 @@ async def test_a_wrong_hedge_scores_zero_through_eval() -> None:
 
 async def test_multi_turn_episodes_run_from_text_tool_calls_through_the_sandbox() -> None:
     from tether.envs import finance
-    from tether.envs.base import SandboxProvider
+    from tether.envs.context import SandboxProvider
     from tether.envs.tools import parse_text_tool_calls
     from tether.sandbox.pool import PoolConfig
 

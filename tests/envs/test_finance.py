@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import SandboxProvider, ScoringContext, ToolCall, run_episode, scripted_policy
+from tether.chat import ToolCall
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import run_episode, scripted_policy
 from tether.envs.finance import (
     KINDS,
     analyst_environment,

@@ -8,7 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import EnvError, Messages, SandboxProvider, ScoringContext, run_episode, scripted_policy
+from tether.chat import Messages
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import run_episode, scripted_policy
+from tether.envs.errors import EnvError
 from tether.envs.long_horizon import TASKS, long_env
 from tether.envs.shell import tool_call_message
 from tether.sandbox import PoolConfig, SandboxSpec

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import SandboxProvider, ScoringContext
+from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.math import (
     GENERATORS,
     MAX_ANSWER_CHARS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tether.envs.base import Parsed
 from tether.envs.parsers import ANSWER_TAG, TagParser
+from tether.envs.tasks import Parsed
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ import pytest
 import pytest_asyncio
 
 from tether.envs import qc
-from tether.envs.base import EpisodeState, SandboxProvider, ScoringContext, Task
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.scoring import EpisodeState
+from tether.envs.tasks import Task
 from tether.sandbox import PoolConfig, SandboxSpec
 
 DIGEST = "a" * 64

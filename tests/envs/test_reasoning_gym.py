@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from reasoning_gym.factory import DATASETS
 
-from tether.envs.base import EnvError
+from tether.envs.errors import EnvError
 from tether.envs.reasoning_gym import (
     ANSWER_GUARDS,
     BLOCK,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.envs.base import ChatRenderer, EnvError, Environment, Problem
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import (
     BUILTIN_FAMILIES,
@@ -22,6 +23,7 @@ from tether.envs.registry import (
     parse_env_spec,
 )
 from tether.envs.rubric import answer_rubric, format_followed
+from tether.envs.tasks import ChatRenderer, Problem
 
 
 class Constant:

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.cli.main import app
-from tether.envs.base import EnvError
+from tether.envs.errors import EnvError
 from tether.envs.score_bench import BenchConfig, build_answers, run_bench
 
 

@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import EnvError, Message, SandboxProvider, ScoringContext, run_episode, scripted_policy
+from tether.chat import Message
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import run_episode, scripted_policy
+from tether.envs.errors import EnvError
 from tether.envs.shell import TASKS, shell_env, tool_call_message
 from tether.sandbox import PoolConfig, SandboxSpec
 

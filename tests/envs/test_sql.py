@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import EnvError, SandboxProvider, ScoringContext
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.errors import EnvError
 from tether.envs.sql import KINDS, same_result, sql_env
 from tether.sandbox import PoolConfig, SandboxSpec
 

@@ -8,19 +8,13 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tether.envs.base import (
-    ChatRenderer,
-    Environment,
-    EpisodeState,
-    Problem,
-    SandboxProvider,
-    ScoringContext,
-    ToolCall,
-    run_episode,
-    scripted_policy,
-)
+from tether.chat import ToolCall
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import Environment, run_episode, scripted_policy
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric
+from tether.envs.scoring import EpisodeState
+from tether.envs.tasks import ChatRenderer, Problem
 from tether.envs.tools import parse_text_tool_calls, python_tool, shell_tool, submit_tool, text_tool_prompt
 from tether.sandbox.pool import PoolConfig
 

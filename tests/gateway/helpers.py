@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import openai
 
+from tether.chat import Usage
 from tether.gateway import Gateway, GatewayConfig, Limits, Tier, build_gateway, create_gateway_app
-from tether.gateway.pricing import Usage
 
 from .conftest import drop_tables
 

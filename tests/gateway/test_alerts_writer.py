@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tether.chat import Usage
 from tether.gateway.config import Tier
 from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.metrics import GatewayMetrics
-from tether.gateway.pricing import Usage
 from tether.gateway.writer import LedgerWriter
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "gateway-alerts.yml"

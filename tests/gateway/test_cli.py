@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tether.chat import Usage
 from tether.cli.gateway import parse_since
 from tether.cli.main import app
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, Tier
 from tether.gateway.ledger import Charge
-from tether.gateway.pricing import Usage
 from tether.gateway.runtime import open_stores
 
 runner = CliRunner()

@@ -26,10 +26,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.live_server import live_server
+from tether.chat import Usage
 from tether.gateway import GatewayConfig, Limits, Tier, build_gateway
 from tether.gateway.bench import Receive, Scope, Send
 from tether.gateway.ledger import PICO_PER_USD, Charge, Reservation
-from tether.gateway.pricing import Usage
 from tether.gateway.runtime import open_stores
 
 from .conftest import drop_tables, make_config

@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from tests.live_server import live_server
+from tether.chat import Usage
 from tether.gateway import GatewayConfig, Limits, Pool, Tier, create_gateway_app
 from tether.gateway.config import DEFAULT_MODEL
-from tether.gateway.pricing import Usage
 
 from .conftest import TINY, engine_server, live_gateway, make_config, unique_prefix
 from .helpers import Served, expected_cost, serve

@@ -8,11 +8,11 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
+from tether.chat import Usage
 from tether.errors import ConfigError
 from tether.gateway.config import Limits, Tier
 from tether.gateway.keys import KeyStore, UnknownKey, hash_key
 from tether.gateway.ledger import Charge, Ledger, RecentUsage, Reservation
-from tether.gateway.pricing import Usage
 from tether.store import make_engine
 
 from .conftest import unique_prefix

@@ -12,8 +12,8 @@ from typing import Any
 import openai
 import pytest
 
+from tether.chat import Usage
 from tether.gateway import Tier
-from tether.gateway.pricing import Usage
 from tether.models import pull
 
 from .conftest import engine_server, live_gateway, make_config

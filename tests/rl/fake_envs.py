@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tether.envs.base import ChatRenderer, Environment, Parsed, Problem, Reward, RewardInput, Rubric
+from tether.envs.episode import Environment
 from tether.envs.registry import EnvRegistry
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Parsed, Problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,25 +14,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from tether.chat import Message, ToolCall, ToolSpec
 from tether.engine.llm_engine import LLMEngine, RequestOutput
 from tether.engine.sampling import SamplingParams
-from tether.envs.base import (
-    ChatRenderer,
-    Environment,
-    EpisodeState,
-    Message,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    ScoringContext,
-    Task,
-    Tool,
-    ToolCall,
-    ToolSpec,
-)
+from tether.envs.context import ScoringContext
+from tether.envs.episode import Environment, Tool
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
+from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.envs.tools import submit_tool
 from tether.models import load
 from tether.rl.builders import learner_options

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tether.engine.sampling import SamplingParams
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs

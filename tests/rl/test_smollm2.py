@@ -13,7 +13,7 @@ import torch
 
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.rl.episodes import EpisodeDriver

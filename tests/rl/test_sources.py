@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tests.live_server import live_server
 from tether.cli.main import app
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.rl.builders import build_trainer
 from tether.rl.config import TrainConfig, dump_config, parse_config

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tether.engine.llm_engine import LLMEngine
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.models import load
 from tether.rl.builders import learner_options, open_run
 from tether.rl.config import TrainConfig, parse_config

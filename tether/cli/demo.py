@@ -38,7 +38,7 @@ def demo_command(
 ) -> None:
     """RL on a domain mixture with SmolLM2, evaluated on held-out seeds before and after training."""
     # Imported here: torch and the environments load only when the demo starts, not for `tether --help`.
-    from tether.envs.base import SandboxProvider
+    from tether.envs.context import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.demo import Z_CLEAR, comparison_table, load_demo_config, run_demo
 

@@ -12,20 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tether.chat import Messages
 from tether.cli.common import pool_config, print_json, state, user_errors
-from tether.envs.base import (
-    EnvError,
-    Environment,
-    Messages,
-    SandboxProvider,
-    Score,
-    ScoringContext,
-    Task,
-    run_episode,
-    scripted_policy,
-)
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import Environment, run_episode, scripted_policy
+from tether.envs.errors import EnvError
 from tether.envs.registry import EnvRegistry, default_registry
 from tether.envs.score_bench import bench_command
+from tether.envs.scoring import Score
+from tether.envs.tasks import Task
 
 app = typer.Typer(help="Verifiable environments: list, inspect, score.", no_args_is_help=True)
 console = Console()

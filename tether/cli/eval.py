@@ -28,7 +28,7 @@ from tether.cli.common import (
     state,
     user_errors,
 )
-from tether.envs.base import SandboxProvider, ScoringContext
+from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.eval import (
     Backend,
     DomainSummary,

@@ -188,7 +188,7 @@ def train_command(
     if (config_file is None) == (resume is None):
         fail("give exactly one of --config FILE.toml (a new run) or --resume RUN_DIR")
     # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
-    from tether.envs.base import SandboxProvider
+    from tether.envs.context import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.builders import build_trainer
     from tether.rl.config import load_config, parse_config

@@ -1,34 +1,18 @@
 """Verifiable environments: tasks, parsers, rubrics, tools, episodes and the registry of domains."""
 
-from tether.envs.base import (
-    ChatRenderer,
-    EnvError,
+from tether.chat import Message, Messages, ToolCall, ToolSpec
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import (
     Environment,
     Episode,
     EpisodeResult,
-    EpisodeState,
-    Message,
-    Messages,
-    Parsed,
-    Parser,
     Policy,
-    Problem,
-    Renderer,
-    Reward,
-    RewardInput,
-    Rubric,
-    SandboxProvider,
-    Score,
-    ScoringContext,
     StepValidator,
-    Task,
-    TaskSource,
     Tool,
-    ToolCall,
-    ToolSpec,
     run_episode,
     scripted_policy,
 )
+from tether.envs.errors import EnvError
 from tether.envs.eval import (
     Backend,
     EngineBackend,
@@ -51,6 +35,8 @@ from tether.envs.registry import (
     parse_env_spec,
 )
 from tether.envs.rubric import answer_rubric, format_followed, length_within
+from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric, Score
+from tether.envs.tasks import ChatRenderer, Parsed, Parser, Problem, Renderer, Task, TaskSource
 from tether.envs.tools import parse_text_tool_calls, python_tool, shell_tool, submit_tool
 
 __all__ = [

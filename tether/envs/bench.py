@@ -11,8 +11,10 @@ import random
 import re
 from dataclasses import dataclass
 
-from tether.envs.base import ChatRenderer, Environment, Parsed, Problem, Reward, RewardInput, Rubric
+from tether.envs.episode import Environment
 from tether.envs.registry import EnvRegistry
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Parsed, Problem
 
 BENCH_ENV = "bench/integer_arithmetic"
 SYSTEM = "Solve the arithmetic problem. End your reply with the final answer as a plain integer."

@@ -19,18 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.envs.base import (
-    EnvError,
-    Message,
-    Messages,
-    Score,
-    ScoringContext,
-    Task,
-    ToolCall,
-    message_text,
-    run_episode,
-)
+from tether.chat import Message, Messages, ToolCall, message_text
+from tether.envs.context import ScoringContext
+from tether.envs.episode import run_episode
+from tether.envs.errors import EnvError
 from tether.envs.registry import EnvRegistry, Mixture
+from tether.envs.scoring import Score
+from tether.envs.tasks import Task
 from tether.envs.tools import parse_text_tool_calls, text_tool_prompt
 
 if TYPE_CHECKING:

@@ -21,18 +21,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tether.envs.base import (
-    ChatRenderer,
-    Environment,
-    EpisodeState,
-    Problem,
-    RewardInput,
-    Task,
-    ToolCall,
-)
+from tether.chat import ToolCall
+from tether.envs.episode import Environment
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import answer_rubric, hedged
+from tether.envs.scoring import EpisodeState, RewardInput
+from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.envs.tools import python_tool, submit_tool
 
 ABS_TOL = 0.01

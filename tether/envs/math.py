@@ -21,12 +21,14 @@ from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify  # type: ignore[import-untyped,unused-ignore]
 
-from tether.envs.base import ChatRenderer, Environment, Problem, RewardInput, Task
 from tether.envs.code.extract import CodeBlockParser
+from tether.envs.episode import Environment
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import answer_rubric, hedged
 from tether.envs.sandboxed import capped_spec
+from tether.envs.scoring import RewardInput
+from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.sandbox.result import RunStatus
 
 MAX_ANSWER_CHARS = 200  # longer "answers" are refused before sympy sees them (they can be slow to parse)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tether.envs.base import Parsed
+from tether.envs.tasks import Parsed
 
 
 @dataclass(frozen=True, slots=True)

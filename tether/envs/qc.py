@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from tether.envs.base import EpisodeState, StepValidator
+from tether.envs.episode import StepValidator
 from tether.envs.sandboxed import run_trusted
+from tether.envs.scoring import EpisodeState
 
 # Files a run writes itself beside the model's (the code harness); never the model's doing. A session's
 # own programs live outside its working directory, so a main.py there is the model's.

@@ -25,20 +25,14 @@ from typing import Any
 import reasoning_gym  # type: ignore[import-untyped,unused-ignore]
 from reasoning_gym.factory import DATASETS  # type: ignore[import-untyped,unused-ignore]
 
-from tether.envs.base import (
-    ChatRenderer,
-    EnvError,
-    Environment,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    Task,
-)
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import format_followed, hedged, length_within
 from tether.envs.safe_expr import is_arithmetic, is_literal
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 
 RG_VERSION = importlib.metadata.version("reasoning-gym")
 BLOCK = 1000

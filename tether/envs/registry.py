@@ -33,7 +33,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tether.envs.base import MAX_SEED, EnvError, Environment, check_name
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
+from tether.envs.tasks import MAX_SEED, check_name
 from tether.errors import describe_validation_error
 
 ENTRY_POINT_GROUP = "tether.envs"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from tether.envs.base import Parser, Reward, RewardInput, Rubric
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import Parser
 
 
 def format_followed(inp: RewardInput) -> float:

@@ -14,7 +14,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from tether.envs.base import EnvError, EpisodeState, ScoringContext
+from tether.envs.context import ScoringContext
+from tether.envs.errors import EnvError
+from tether.envs.scoring import EpisodeState
 from tether.sandbox.result import RunResult, RunStatus
 from tether.sandbox.spec import SandboxSpec
 

@@ -19,10 +19,13 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.envs.base import EnvError, Environment, SandboxProvider, ScoringContext, Task
 from tether.envs.code.envs import FAMILIES, family_env, humaneval_env
 from tether.envs.code.families import Lang
 from tether.envs.code.humaneval import problem_by_id
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
+from tether.envs.tasks import Task
 from tether.sandbox.pool import PoolConfig, SandboxUnavailable
 from tether.sandbox.spec import SandboxSpec
 

@@ -20,23 +20,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from tether.chat import Message, Messages
 from tether.envs import qc
-from tether.envs.base import (
-    ChatRenderer,
-    EnvError,
-    Environment,
-    EpisodeState,
-    Message,
-    Messages,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    Task,
-)
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.sandboxed import new_nonce, run_trusted
+from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.envs.tools import python_tool, shell_tool, submit_tool
 from tether.sandbox.result import RunStatus
 

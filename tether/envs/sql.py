@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tether.envs.base import ChatRenderer, EnvError, Environment, Problem, Reward, RewardInput, Rubric, Task
 from tether.envs.code.extract import CodeBlockParser
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import format_followed, length_within
 from tether.envs.sandboxed import run_trusted_fresh
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 
 CITIES = ["Lagos", "Oslo", "Lyon", "Osaka", "Recife", "Brno", "Quito", "Perth"]
 FIRST = ["Ada", "Bruno", "Chen", "Dalia", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena"]

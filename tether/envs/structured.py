@@ -17,10 +17,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
 
-from tether.envs.base import ChatRenderer, Environment, Problem, Reward, RewardInput, Rubric, Task
+from tether.envs.episode import Environment
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import format_followed, hedged
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 
 SYSTEM = (
     "You convert descriptions into JSON. Answer with one JSON object that validates against the given "

@@ -13,7 +13,10 @@ import json
 import re
 from typing import Any
 
-from tether.envs.base import EnvError, EpisodeState, Message, Tool, ToolCall, ToolSpec
+from tether.chat import Message, ToolCall, ToolSpec
+from tether.envs.episode import Tool
+from tether.envs.errors import EnvError
+from tether.envs.scoring import EpisodeState
 
 
 def _string_arg(arguments: dict[str, Any], key: str) -> str:

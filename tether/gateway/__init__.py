@@ -10,12 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tether.chat.completion import Usage
     from tether.gateway.app import Gateway, create_gateway_app
     from tether.gateway.config import GatewayConfig, Limits, Pool, Price, Tier, load_gateway_config
     from tether.gateway.keys import ApiKey, KeyStore
     from tether.gateway.ledger import Ledger
     from tether.gateway.limits import LimitStore, MemoryLimitStore
-    from tether.gateway.pricing import Usage, cost_usd
+    from tether.gateway.pricing import cost_usd
     from tether.gateway.redis_limits import RedisLimitStore
     from tether.gateway.runtime import build_gateway, running_gateway, serve_gateway
     from tether.gateway.upstream import HttpUpstream, Upstream, UpstreamError
@@ -36,7 +37,7 @@ _EXPORTS = {
     "Tier": "tether.gateway.config",
     "Upstream": "tether.gateway.upstream",
     "UpstreamError": "tether.gateway.upstream",
-    "Usage": "tether.gateway.pricing",
+    "Usage": "tether.chat.completion",
     "build_gateway": "tether.gateway.runtime",
     "cost_usd": "tether.gateway.pricing",
     "create_gateway_app": "tether.gateway.app",

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.routing import Route
 
+from tether.chat.completion import BadUsage, Usage
 from tether.gateway.admission import AdmissionQueue, AdmissionRefused
 from tether.gateway.config import GatewayConfig
 from tether.gateway.errors import GatewayError
@@ -38,7 +39,7 @@ from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.limits import Counter, LimitKind, LimitStore, counters_for
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.plan import Kind, RequestPlan, parse_body, plan_request
-from tether.gateway.pricing import BadUsage, Usage, cost_usd, to_nano_usd
+from tether.gateway.pricing import cost_usd, to_nano_usd
 from tether.gateway.refusals import refusal_error
 from tether.gateway.upstream import Response as UpstreamResponse
 from tether.gateway.upstream import Target, Upstream, UpstreamError

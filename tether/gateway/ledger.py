@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
+from tether.chat import Usage
 from tether.gateway.config import Tier
-from tether.gateway.pricing import Usage
 
 PICO_PER_USD = Decimal(10) ** 12
 

@@ -4,53 +4,13 @@ reserved before it runs. Pure decimal arithmetic; no I/O, no floats."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
-from tether.errors import TetherError
+from tether.chat.completion import Usage
 from tether.gateway.config import Price
 
 MILLION = Decimal(1_000_000)
 NANO_PER_USD = Decimal(1_000_000_000)
-
-
-class BadUsage(TetherError, ValueError):
-    """The upstream's `usage` object is missing or inconsistent."""
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-
-    def __post_init__(self) -> None:
-        if min(self.prompt_tokens, self.cached_tokens, self.completion_tokens) < 0:
-            raise BadUsage(f"usage {self}: token counts must be >= 0")
-        if self.cached_tokens > self.prompt_tokens:
-            raise BadUsage(f"usage {self}: cached_tokens exceeds prompt_tokens")
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    @classmethod
-    def from_openai(cls, usage: Any) -> Usage:
-        """From an OpenAI `usage` object; `prompt_tokens_details.cached_tokens` may be absent (0)."""
-        if not isinstance(usage, dict):
-            raise BadUsage(f"usage {usage!r}: expected an object")
-        details = usage.get("prompt_tokens_details") or {}
-        values = (
-            usage.get("prompt_tokens"),
-            details.get("cached_tokens", 0) or 0,
-            usage.get("completion_tokens"),
-        )
-        if not all(isinstance(value, int) and not isinstance(value, bool) for value in values):
-            raise BadUsage(
-                f"usage {usage!r}: prompt_tokens, completion_tokens and cached_tokens must be integers"
-            )
-        return cls(*values)  # type: ignore[arg-type]  # checked just above
 
 
 def cost_usd(usage: Usage, price: Price) -> Decimal:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.envs.base import Task
 from tether.envs.bench import BENCH_ENV, reward
 from tether.envs.registry import default_registry
+from tether.envs.tasks import Task
 from tether.errors import ConfigError
 from tether.rl.config import Mode, TrainConfig, parse_config
 

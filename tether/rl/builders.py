@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from tether.envs.base import SandboxProvider, ScoringContext
+from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.registry import EnvRegistry, default_registry, mixture_from_weights
 from tether.models.memory_plan import Strategy
 from tether.models.precision import resolve_device

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rich.table import Table
 
 from tether.engine.sampling import SamplingParams
-from tether.envs.base import SandboxProvider
+from tether.envs.context import SandboxProvider
 from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
 from tether.rl.builders import build_trainer

@@ -17,11 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from tether.chat import Message, Messages
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
-from tether.envs.base import Episode, Message, Messages, ScoringContext, Task
+from tether.envs.context import ScoringContext
+from tether.envs.episode import Episode
 from tether.envs.eval import text_convention
 from tether.envs.registry import EnvRegistry
+from tether.envs.tasks import Task
 from tether.envs.tools import parse_text_tool_calls
 from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
 

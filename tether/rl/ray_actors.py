@@ -18,7 +18,7 @@ import torch
 
 from tether.engine.weight_receiver import WeightReceiver
 from tether.engine.weight_sync import WeightSender, WeightSyncConfig
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.threads import strict_matmul
@@ -32,7 +32,7 @@ from tether.rl.sources import EngineRollouts, Generated
 from tether.rl.trainer import sampling_params
 
 if TYPE_CHECKING:
-    from tether.envs.base import SandboxProvider
+    from tether.envs.context import SandboxProvider
     from tether.envs.registry import EnvRegistry
 
 Weights = dict[str, torch.Tensor]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tether.engine.weight_sync import SyncBackend
-from tether.envs.base import ScoringContext
+from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.memory_plan import Strategy
@@ -51,7 +51,7 @@ from tether.rl.sources import Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import Trainer, sampling_params
 
 if TYPE_CHECKING:
-    from tether.envs.base import SandboxProvider
+    from tether.envs.context import SandboxProvider
     from tether.envs.registry import EnvRegistry
 
 # --- the driver's side ------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
-from tether.envs.base import Score, ScoringContext, Task
+from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, Mixture
+from tether.envs.scoring import Score
+from tether.envs.tasks import Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -20,8 +20,9 @@ import torch
 
 from tether.engine.sampling import SamplingParams
 from tether.engine.weight_sync import SyncBackend
-from tether.envs.base import ScoringContext, Task
+from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, mixture_from_weights
+from tether.envs.tasks import Task
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, WeightSync
 from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply

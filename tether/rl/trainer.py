@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tether.engine.sampling import SamplingParams
-from tether.envs.base import ScoringContext, Task
+from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, Mixture, mixture_from_weights
+from tether.envs.tasks import Task
 from tether.errors import ConfigError
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (

@@ -12,15 +12,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tether.envs.base import (
-    ChatRenderer,
-    Environment,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    Task,
-)
 from tether.envs.code import humaneval
 from tether.envs.code.extract import LANGUAGE_TAGS, CodeBlockParser
 from tether.envs.code.families import LANG_NAMES, Family, FunctionTask, Lang, render_prompt, same_value
@@ -28,8 +19,11 @@ from tether.envs.code.native import run_native
 from tether.envs.code.native_families import NATIVE_FAMILIES
 from tether.envs.code.py_families import PYTHON_FAMILIES
 from tether.envs.code.runner import run_calls
+from tether.envs.episode import Environment
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import format_followed, length_within
+from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Problem, Task
 
 FAMILIES: tuple[Family, ...] = (*PYTHON_FAMILIES, *NATIVE_FAMILIES)
 MAX_ANSWER_CHARS = 4000  # full length reward up to here: every task has a solution of a few hundred

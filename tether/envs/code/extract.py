@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tether.envs.base import Parsed
+from tether.envs.tasks import Parsed
 
 _FENCE = re.compile(r"^```[ \t]*([A-Za-z0-9_+#-]*)[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 

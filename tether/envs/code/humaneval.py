@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from tether.envs.base import EnvError, Problem, ScoringContext
 from tether.envs.code.runner import run_check
+from tether.envs.context import ScoringContext
+from tether.envs.errors import EnvError
+from tether.envs.tasks import Problem
 from tether.sandbox.humaneval import Problem as HumanEvalProblem
 from tether.sandbox.humaneval import load_problems
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.envs.base import ScoringContext
 from tether.envs.code.families import FunctionTask, Lang
+from tether.envs.context import ScoringContext
 from tether.envs.sandboxed import capped_spec, framed_lines, new_nonce
 
 RUN_TIMEOUT_S = 5.0  # the run step (compiling has its own limit); every test together, frames flushed

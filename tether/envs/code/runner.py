@@ -16,9 +16,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from tether.envs.base import EpisodeState, ScoringContext
 from tether.envs.code.harness import decode
+from tether.envs.context import ScoringContext
 from tether.envs.sandboxed import capped_spec, framed_lines, new_nonce
+from tether.envs.scoring import EpisodeState
 from tether.sandbox.result import RunResult, RunStatus
 
 _MISSING = object()

@@ -13,14 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tether.chat import Messages
 from tether.envs import qc
-from tether.envs.base import ChatRenderer, EnvError, Environment, EpisodeState, Messages, Problem, Task
 from tether.envs.code.runner import run_suite
+from tether.envs.episode import Environment
+from tether.envs.errors import EnvError
 from tether.envs.long_horizon.ledger import ledger_repo
 from tether.envs.long_horizon.repo import Repo
 from tether.envs.long_horizon.textkit import textkit_repo
 from tether.envs.parsers import ANSWER_TAG
+from tether.envs.scoring import EpisodeState
 from tether.envs.shell import state_rubric, tool_call_message
+from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.envs.tools import python_tool, shell_tool, submit_tool
 
 SYSTEM = (

@@ -8,29 +8,14 @@ from typing import Any
 
 import pytest
 
-from tether.envs.base import (
-    ChatRenderer,
-    EnvError,
-    Environment,
-    EpisodeState,
-    Parsed,
-    Problem,
-    Reward,
-    RewardInput,
-    Rubric,
-    ScoringContext,
-    Task,
-    Tool,
-    ToolCall,
-    ToolSpec,
-    check_name,
-    check_seed,
-    message_text,
-    run_episode,
-    scripted_policy,
-)
+from tether.chat import ToolCall, ToolSpec
+from tether.envs.context import ScoringContext
+from tether.envs.episode import Environment, Tool, run_episode, scripted_policy
+from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric, length_within
+from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
+from tether.envs.tasks import ChatRenderer, Parsed, Problem, Task, check_name, check_seed
 from tether.envs.tools import submit_tool
 
 
@@ -347,24 +332,6 @@ async def test_an_environment_needing_a_sandbox_fails_clearly_without_one() -> N
     env = multi_turn(setup=setup)
     with pytest.raises(EnvError, match="no sandbox"):
         await env.start(env.task(1), ScoringContext())
-
-
-def test_message_text_reads_string_list_and_missing_content() -> None:
-    assert message_text({"role": "assistant", "content": "a"}) == "a"
-    assert (
-        message_text({"role": "assistant", "content": [{"type": "text", "text": "b"}, {"type": "image"}]})
-        == "b"
-    )
-    assert message_text({"role": "assistant"}) == ""
-
-
-def test_tool_calls_convert_from_openai_with_object_arguments() -> None:
-    raw = {"id": "x", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
-    parsed = ToolCall.from_openai(raw)
-    assert parsed.parsed_arguments() == {"a": 1}
-    assert ToolCall.from_openai({"function": {"name": "f"}}, index=3).id == "call_3"
-    with pytest.raises(EnvError, match="no function name"):
-        ToolCall.from_openai({"function": {}})
 
 
 async def test_reward_functions_can_explain_their_score_in_detail() -> None:
