@@ -29,7 +29,8 @@ from tether.cli.common import (
     user_errors,
 )
 from tether.envs.context import SandboxProvider, ScoringContext
-from tether.envs.eval import (
+from tether.envs.registry import default_registry, parse_env_spec
+from tether.eval.runner import (
     Backend,
     DomainSummary,
     EngineBackend,
@@ -39,7 +40,6 @@ from tether.envs.eval import (
     run_eval,
     summarise,
 )
-from tether.envs.registry import default_registry, parse_env_spec
 
 if TYPE_CHECKING:
     import torch

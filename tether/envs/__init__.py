@@ -13,16 +13,6 @@ from tether.envs.episode import (
     scripted_policy,
 )
 from tether.envs.errors import EnvError
-from tether.envs.eval import (
-    Backend,
-    EngineBackend,
-    EpisodeRecord,
-    Generation,
-    OpenAIBackend,
-    plan_episodes,
-    run_eval,
-    summarise,
-)
 from tether.envs.parsers import ANSWER_TAG, TagParser
 from tether.envs.registry import (
     BUILTIN_FAMILIES,
@@ -43,22 +33,17 @@ __all__ = [
     "ANSWER_TAG",
     "BUILTIN_FAMILIES",
     "ENTRY_POINT_GROUP",
-    "Backend",
     "ChatRenderer",
-    "EngineBackend",
     "EnvError",
     "EnvInfo",
     "EnvRegistry",
     "Environment",
     "Episode",
-    "EpisodeRecord",
     "EpisodeResult",
     "EpisodeState",
-    "Generation",
     "Message",
     "Messages",
     "Mixture",
-    "OpenAIBackend",
     "Parsed",
     "Parser",
     "Policy",
@@ -84,12 +69,9 @@ __all__ = [
     "load_mixture",
     "parse_env_spec",
     "parse_text_tool_calls",
-    "plan_episodes",
     "python_tool",
     "run_episode",
-    "run_eval",
     "scripted_policy",
     "shell_tool",
     "submit_tool",
-    "summarise",
 ]

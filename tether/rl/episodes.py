@@ -22,10 +22,10 @@ from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.envs.context import ScoringContext
 from tether.envs.episode import Episode
-from tether.envs.eval import text_convention
 from tether.envs.registry import EnvRegistry
 from tether.envs.tasks import Task
 from tether.envs.tools import parse_text_tool_calls
+from tether.eval.runner import text_convention
 from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
 
 if TYPE_CHECKING:

@@ -14,7 +14,10 @@ from tether.envs import math as math_envs
 from tether.envs import structured
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
-from tether.envs.eval import (
+from tether.envs.parsers import ANSWER_TAG
+from tether.envs.registry import EnvRegistry, Mixture
+from tether.envs.rubric import hedged
+from tether.eval.runner import (
     Conversation,
     EngineBackend,
     EpisodeRecord,
@@ -26,9 +29,6 @@ from tether.envs.eval import (
     summarise,
     text_convention,
 )
-from tether.envs.parsers import ANSWER_TAG
-from tether.envs.registry import EnvRegistry, Mixture
-from tether.envs.rubric import hedged
 
 
 def registry() -> EnvRegistry:

@@ -1,0 +1,1 @@
+"""Evaluation: episodes of many environments run against a model, summarised per domain."""
