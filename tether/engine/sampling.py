@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.engine.structured import StructuredOutput
 from tether.errors import ConfigError
+
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    top_logprobs: int = 0  # alternatives reported with each generated token's logprob
+    structured: StructuredOutput | None = None  # a grammar every completion must follow
 
     def __post_init__(self) -> None:
         checks = [
@@ -40,6 +45,11 @@ class SamplingParams:
             ("min_p", 0 <= self.min_p < 1, "a number in [0, 1)"),
             ("n", 1 <= self.n <= 256, "an integer from 1 to 256"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "non-empty strings"),
+            (
+                "top_logprobs",
+                0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+                f"an integer from 0 to {MAX_TOP_LOGPROBS}",
+            ),
         ]
         for name, ok, accepted in checks:
             if not ok:
