@@ -8,11 +8,20 @@ scripted client for tests (`tether.testing.scripted.ScriptedClient`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
 from tether.chat.messages import ChatError, JsonDict, Message, Messages, ToolCall, ToolSpec, tool_calls_of
 
-FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
+
+class FinishReason(StrEnum):
+    """Why a completion ended, as OpenAI's `finish_reason` spells it (abort and error are ours)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    ABORT = "abort"
+    ERROR = "error"
 
 
 class BadUsage(ChatError, ValueError):
@@ -88,7 +97,7 @@ class Completion:
 
     message: Message
     usage: Usage = field(default_factory=Usage)
-    finish_reason: FinishReason = "stop"
+    finish_reason: FinishReason = FinishReason.STOP
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
 
