@@ -11,7 +11,7 @@ def effect_step(step_no: int) -> dict[str, object]:
     return {
         "content": f"step {step_no}",
         "tool_calls": [
-            {"name": "bash", "arguments": {"command": f"echo effect-{step_no} >> effects.log"}},
+            {"name": "shell", "arguments": {"command": f"echo effect-{step_no} >> effects.log"}},
             {
                 "name": "write_file",
                 "arguments": {"path": f"notes/{step_no % 3}.txt", "content": f"v{step_no}"},

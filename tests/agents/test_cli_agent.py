@@ -32,7 +32,7 @@ def test_agent_run_submits_follows_and_prints_the_timeline(tmp_path: Path) -> No
         "agent", "run", "append effects", "--model", f"scripted:{script}", "--home", str(tmp_path)
     )
     assert code == 0, output
-    assert "step   0 [agent]" in output and "-> bash" in output and "echo effect-0 >> effects.log" in output
+    assert "step   0 [agent]" in output and "-> shell" in output and "echo effect-0 >> effects.log" in output
     assert "step   2 [agent]" in output and "-> finish" in output
     assert output.strip().splitlines()[-1].endswith("succeeded: ok")
 

@@ -32,7 +32,7 @@ def slow_script(path: Path, seconds: list[float]) -> Path:
         {
             "content": f"step {n}",
             "tool_calls": [
-                {"name": "bash", "arguments": {"command": f"sleep {s}; echo effect-{n} >> effects.log"}}
+                {"name": "shell", "arguments": {"command": f"sleep {s}; echo effect-{n} >> effects.log"}}
             ],
         }
         for n, s in enumerate(seconds)
@@ -158,7 +158,7 @@ def test_ctrl_c_stops_agent_run_after_the_current_step_and_resume_continues_from
         journal.close()
     assert [step.step_no for step in final] == list(range(steps + 1))
     assert final[: len(stopped)] == stopped  # the steps before Ctrl-C are the journal's, not redone
-    assert all(call.executions == 1 for step in final for call in step.tool_calls if call.tool == "bash")
+    assert all(call.executions == 1 for step in final for call in step.tool_calls if call.tool == "shell")
     files = snapshot_files(ArtifactStore(str(home / "artifacts")), final[-1].snapshot_key)
     assert files["effects.log"].decode() == expected_effects(steps)
 

@@ -20,7 +20,7 @@ def test_older_steps_fold_in_whole_blocks(total: int, recent: int, folded: int) 
 
 def test_the_prefix_stays_identical_between_folds() -> None:
     spec = TaskSpec(goal="g", context=ContextSpec(recent_steps=4))
-    steps = [step(n, (call(n, 0, observation={"stdout": f"out{n}"}),)) for n in range(12)]
+    steps = [step(n, (call(n, 0, observation={"content": f"out{n}", "error": False}),)) for n in range(12)]
     at_9 = build_messages(spec, spec.roles[0], steps[:9])
     at_11 = build_messages(spec, spec.roles[0], steps[:11])
     assert at_9[:3] == at_11[:3]  # system prompt, task header and digest are byte-identical
@@ -32,7 +32,7 @@ def test_the_prefix_stays_identical_between_folds() -> None:
 def test_long_observations_are_cut_in_the_middle() -> None:
     spec = TaskSpec(goal="g", context=ContextSpec(observation_chars=100))
     messages = build_messages(
-        spec, spec.roles[0], [step(0, (call(0, 0, observation={"stdout": "x" * 1000}),))]
+        spec, spec.roles[0], [step(0, (call(0, 0, observation={"content": "x" * 1000, "error": False}),))]
     )
     assert "characters cut" in messages[-1]["content"] and len(messages[-1]["content"]) < 200
 

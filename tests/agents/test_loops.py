@@ -72,10 +72,10 @@ def test_identical_replies_are_nudged_then_stopped() -> None:
 
 
 def test_the_same_tool_call_in_other_words_repeats_and_other_arguments_do_not() -> None:
-    run = ("bash", {"command": "python test.py"})
+    run = ("shell", {"command": "python test.py"})
     steps = [step(0, "let me run it", (run,)), step(1, "again", (run,)), step(2, "once more", (run,))]
     assert verdicts(loop_marks(steps, LoopSpec())) == ["-", "-", "nudge1"]
-    steps[1] = step(1, "again", (("bash", {"command": "python -m pytest"}),))
+    steps[1] = step(1, "again", (("shell", {"command": "python -m pytest"}),))
     assert verdicts(loop_marks(steps, LoopSpec())) == ["-", "-", "-"]
 
 

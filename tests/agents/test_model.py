@@ -26,7 +26,7 @@ def request(step_no: int) -> ModelRequest:
 async def test_scripted_model_answers_by_step_number_not_by_call_count(tmp_path: Path) -> None:
     script = tmp_path / "s.jsonl"
     script.write_text(
-        '{"content": "zero"}\n\n{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}\n'
+        '{"content": "zero"}\n\n{"tool_calls": [{"name": "shell", "arguments": {"command": "ls"}}]}\n'
     )
     model = ScriptedModel(script)
     second = await model.complete(request(1))
@@ -92,13 +92,13 @@ async def test_openai_client_sends_plain_turns_and_parses_the_reply() -> None:
     messages = [
         {"role": "system", "content": "sys"},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]},
-        {"role": "tool", "tool_call_id": "c", "name": "bash", "content": "out"},
+        {"role": "tool", "tool_call_id": "c", "name": "shell", "content": "out"},
     ]
     reply = await model.complete(ModelRequest(messages, [], 2, 32))
     await model.close()
     sent = seen[0]["messages"]
     assert sent[0]["content"].startswith("sys") and "```bash" in sent[0]["content"]
-    assert sent[2] == {"role": "user", "content": "Output of bash:\nout"}
+    assert sent[2] == {"role": "user", "content": "Output of shell:\nout"}
     assert all(set(m) == {"role", "content"} for m in sent)
     assert reply.message["tool_calls"][0]["function"]["name"] == "bash"
     assert reply.usage == {"prompt_tokens": 7, "completion_tokens": 3}

@@ -12,14 +12,22 @@ from tether.agents.replay import (
     resolve_call,
     step_outcome,
 )
-from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool
+from tether.chat import ToolSpec
 from tether.store.records import StepRecord, StepStatus, ToolCallRecord
+from tether.tools import BUILTIN_TOOLS, FINISH, SHELL, ReplayPolicy, Tool
 
 
 def call(
-    step_no: int, index: int, tool: str = "bash", observation: dict | None = None, runs: int = 0
-) -> ToolCallRecord:  # type: ignore[type-arg]
-    return ToolCallRecord(f"t:{step_no}:{index}", "t", step_no, index, tool, {}, 0.0, observation, None, runs)
+    step_no: int,
+    index: int,
+    tool: str = "shell",
+    observation: dict | None = None,  # type: ignore[type-arg]
+    runs: int = 1,
+    arguments: dict | None = None,  # type: ignore[type-arg]
+) -> ToolCallRecord:
+    return ToolCallRecord(
+        f"t:{step_no}:{index}", "t", step_no, index, tool, arguments or {}, 0.0, observation, None, runs
+    )
 
 
 def step(
@@ -47,7 +55,8 @@ def step(
     )
 
 
-OK = {"status": "ok"}
+OK = {"content": "status: ok", "error": False}
+REFUSED = {"content": "bad arguments for shell", "error": True}
 
 
 def test_a_fresh_task_starts_at_step_zero_from_its_initial_files() -> None:
@@ -65,24 +74,25 @@ def test_resume_restores_the_newest_checkpoint_and_reapplies_later_workdir_calls
     steps = [
         step(0, (call(0, 0, observation=OK),), snapshot=True),
         step(1, (call(1, 0, observation=OK), call(1, 1, "read_file", observation=OK))),
-        step(2, (call(2, 0, "write_file", observation=OK),)),
+        step(2, (call(2, 0, "write_file", observation=OK), call(2, 1, observation=REFUSED, runs=0))),
         step(3, (call(3, 0),), committed=False),
     ]
     plan = plan_resume(steps, BUILTIN_TOOLS, "agent", {})
     assert plan.snapshot_key == "snap0"
-    assert [c.idempotency_key for c in plan.reapply] == [
-        "t:1:0",
-        "t:2:0",
-    ]  # read_file has no effect to rebuild
+    # read_file has no effect to rebuild, and the refused call never ran
+    assert [c.idempotency_key for c in plan.reapply] == ["t:1:0", "t:2:0"]
     assert plan.pending is steps[3] and plan.next_step_no == 4
 
 
 def test_a_task_whose_last_committed_step_finished_is_ended_without_a_model_call() -> None:
-    steps = [
-        step(0, (call(0, 0, "finish", observation={"finished": True, "summary": "yay"}),), snapshot=True)
-    ]
+    steps = [step(0, (call(0, 0, "finish", observation={"content": "yay", "error": False}),), snapshot=True)]
     plan = plan_resume(steps, BUILTIN_TOOLS, "agent", {})
     assert plan.ended is not None and plan.ended.summary == "yay"
+
+
+def test_a_failed_finish_does_not_end_the_task() -> None:
+    refused = call(0, 0, "finish", observation=REFUSED)
+    assert step_outcome(step(0, (refused,)), BUILTIN_TOOLS, ()).outcome is Outcome.CONTINUE
 
 
 def test_a_gap_in_the_journal_is_an_invariant_violation() -> None:
@@ -91,21 +101,15 @@ def test_a_gap_in_the_journal_is_an_invariant_violation() -> None:
 
 
 def external(policy: ReplayPolicy) -> Tool:
-    return Tool(
-        "pay",
-        "pays",
-        {"type": "object", "properties": {}, "required": []},
-        policy,
-        BUILTIN_TOOLS["finish"].function,
-    )
+    return Tool(ToolSpec("pay", "pays", {"type": "object", "properties": {}}), FINISH.function, policy)
 
 
 @pytest.mark.parametrize(
     ("tool", "observation", "runs", "action"),
     [
-        (BUILTIN_TOOLS["bash"], OK, 1, CallAction.REUSE),
-        (BUILTIN_TOOLS["bash"], None, 0, CallAction.EXECUTE),
-        (BUILTIN_TOOLS["bash"], None, 3, CallAction.EXECUTE),  # effects died with the sandbox: run on restore
+        (SHELL, OK, 1, CallAction.REUSE),
+        (SHELL, None, 0, CallAction.EXECUTE),
+        (SHELL, None, 3, CallAction.EXECUTE),  # effects died with the sandbox: run on restore
         (external(ReplayPolicy.EXTERNAL_IDEMPOTENT), None, 1, CallAction.EXECUTE),  # same key, deduplicated
         (external(ReplayPolicy.EXTERNAL_AT_MOST_ONCE), None, 0, CallAction.EXECUTE),  # never started
         (external(ReplayPolicy.EXTERNAL_AT_MOST_ONCE), None, 1, CallAction.OUTCOME_UNKNOWN),
@@ -120,15 +124,22 @@ def test_each_policy_resolves_an_interrupted_call(
 
 
 def test_handoffs_move_the_task_between_roles_only_along_allowed_edges() -> None:
-    handoff = call(0, 0, "handoff", observation={"handoff": "coder", "message": "do it"})
-    assert step_outcome(step(0, (handoff,), role="planner"), ("coder",)).outcome is Outcome.HANDOFF
-    assert step_outcome(step(0, (handoff,), role="planner"), ("reviewer",)).outcome is Outcome.CONTINUE
+    handoff = call(
+        0,
+        0,
+        "handoff",
+        {"content": "handed off", "error": False},
+        arguments={"to": "coder", "message": "do it"},
+    )
+    planned = step(0, (handoff,), role="planner")
+    assert step_outcome(planned, BUILTIN_TOOLS, ("coder",)).outcome is Outcome.HANDOFF
+    assert step_outcome(planned, BUILTIN_TOOLS, ("reviewer",)).outcome is Outcome.CONTINUE
     steps = [step(0, (handoff,), role="planner"), step(1, (call(1, 0, observation=OK),), role="coder")]
     assert plan_resume(steps, BUILTIN_TOOLS, "planner", {"planner": ("coder",)}).role == "coder"
 
 
 def test_a_reply_without_tool_calls_is_the_final_answer() -> None:
-    outcome = step_outcome(step(0, ()), ())
+    outcome = step_outcome(step(0, ()), BUILTIN_TOOLS, ())
     assert outcome.outcome is Outcome.FINISHED and outcome.summary == "s0"
 
 

@@ -14,14 +14,16 @@ import pytest_asyncio
 
 from tests.agents.scripts import expected_effects, write_script
 from tether.agents.model import ModelError, ModelReply, ModelRequest, ScriptedModel
-from tether.agents.runner import OUTCOME_UNKNOWN, RunnerConfig, TaskRunner
+from tether.agents.replay import OUTCOME_UNKNOWN
+from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import Limits, RoleSpec, TaskSpec
-from tether.agents.tools import BUILTIN_TOOLS, JsonDict, ReplayPolicy, Tool, Workspace
 from tether.agents.worker import AgentWorker, WorkerConfig
+from tether.chat import JsonDict, ToolSpec
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import StepStatus, TaskStatus
 from tether.store.artifacts import ArtifactStore
+from tether.tools import BUILTIN_TOOLS, SHELL, ReplayPolicy, Tool, Toolbox, Workspace
 
 
 def snapshot_files(artifacts: ArtifactStore, key: str | None) -> dict[str, bytes]:
@@ -50,7 +52,7 @@ async def pool() -> AsyncIterator[SandboxPool]:
 
 
 def runner_for(
-    stack: AgentStack, pool: SandboxPool, model: object, tools: dict[str, Tool] | None = None
+    stack: AgentStack, pool: SandboxPool, model: object, tools: Toolbox | None = None
 ) -> TaskRunner:
     return TaskRunner(
         stack.journal,
@@ -91,7 +93,7 @@ class CrashOnce:
     def __init__(self, tool: Tool, crash_key: str) -> None:
         self.tool, self.crash_key, self.crashed = tool, crash_key, False
 
-    async def __call__(self, workspace: Workspace, arguments: JsonDict, key: str) -> JsonDict:
+    async def __call__(self, workspace: Workspace, arguments: JsonDict, key: str) -> str:
         observation = await self.tool.function(workspace, arguments, key)
         if key == self.crash_key and not self.crashed:
             self.crashed = True
@@ -105,8 +107,8 @@ async def test_a_crash_after_a_side_effect_does_not_repeat_it_on_resume(
 ) -> None:
     model = ScriptedModel(write_script(tmp_path / "script.jsonl", steps=7))
     task_id = await stack.submit(TaskSpec(goal="g", snapshot_every=snapshot_every), task_id="crashy")
-    crash = CrashOnce(BUILTIN_TOOLS["bash"], "crashy:4:0")
-    tools = {**BUILTIN_TOOLS, "bash": replace(BUILTIN_TOOLS["bash"], function=crash)}
+    crash = CrashOnce(SHELL, "crashy:4:0")
+    tools = Toolbox(replace(tool, function=crash) if tool is SHELL else tool for tool in BUILTIN_TOOLS)
     runner = runner_for(stack, pool, model, tools)
     with pytest.raises(ModelError, match="simulated worker death"):
         await runner.run(task_id)
@@ -176,16 +178,23 @@ async def test_bad_tool_calls_become_observations_the_model_can_read(
 ) -> None:
     script = tmp_path / "script.jsonl"
     script.write_text(
-        '{"tool_calls": [{"name": "rm_rf", "arguments": {}}, {"name": "bash", "arguments": {"cmd": "ls"}}]}\n'
+        '{"tool_calls": [{"name": "rm_rf", "arguments": {}}, '
+        '{"name": "shell", "arguments": {"cmd": "ls"}}]}\n'
         '{"content": "giving up"}\n'
     )
     task_id = await stack.submit(TaskSpec(goal="g"))
     assert await runner_for(stack, pool, ScriptedModel(script)).run(task_id) is TaskStatus.SUCCEEDED
     first = stack.journal.steps(task_id)[0]
     assert first.tool_calls[0].observation == {
-        "error": "unknown tool 'rm_rf' for this role; available: bash, python, write_file, read_file, finish"
+        "content": "unknown tool 'rm_rf'; available: shell, python, write_file, read_file, finish",
+        "error": True,
     }
-    assert "missing ['command']; unknown ['cmd']" in first.tool_calls[1].observation["error"]  # type: ignore[index]
+    refused = first.tool_calls[1].observation or {}
+    assert refused["error"] and "'command' is a required property" in refused["content"]
+    assert (
+        "('cmd' was unexpected)" in refused["content"]
+        and "accepted: command (string, required)" in refused["content"]
+    )
     assert all(call.executions == 0 for call in first.tool_calls)
 
 
@@ -209,23 +218,23 @@ class Ledger:
         self.die_once = True
 
     def tool(self, policy: ReplayPolicy, dedupe: bool) -> Tool:
-        async def pay(_workspace: Workspace, arguments: JsonDict, key: str) -> JsonDict:
+        async def pay(_workspace: Workspace, arguments: JsonDict, key: str) -> str:
             if not (dedupe and key in self.effects):
                 self.effects.append(key)
             if self.die_once:
                 self.die_once = False
                 raise ModelError("simulated worker death while the external call was in flight")
-            return {"paid": arguments["amount"]}
+            return f"paid {arguments['amount']}"
 
         parameters = {"type": "object", "properties": {"amount": {}}, "required": ["amount"]}
-        return Tool("pay", "Pay someone.", parameters, policy, pay)
+        return Tool(ToolSpec("pay", "Pay someone.", parameters), pay, policy)
 
 
 @pytest.mark.parametrize(
     ("policy", "dedupe", "observation"),
     [
         (ReplayPolicy.EXTERNAL_AT_MOST_ONCE, False, OUTCOME_UNKNOWN),
-        (ReplayPolicy.EXTERNAL_IDEMPOTENT, True, {"paid": "5"}),
+        (ReplayPolicy.EXTERNAL_IDEMPOTENT, True, {"content": "paid 5", "error": False}),
     ],
 )
 async def test_external_effects_happen_once_across_a_crash_mid_call(
@@ -242,7 +251,7 @@ async def test_external_effects_happen_once_across_a_crash_mid_call(
         '{"tool_calls": [{"name": "finish", "arguments": {"summary": "paid"}}]}\n'
     )
     ledger = Ledger()
-    tools = {**BUILTIN_TOOLS, "pay": ledger.tool(policy, dedupe)}
+    tools = Toolbox((*BUILTIN_TOOLS, ledger.tool(policy, dedupe)))
     spec = TaskSpec(goal="pay 5", roles=(RoleSpec(name="agent", tools=("pay", "finish")),))
     task_id = await stack.submit(spec, task_id="payer")
     runner = runner_for(stack, pool, ScriptedModel(script), tools)

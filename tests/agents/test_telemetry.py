@@ -56,5 +56,5 @@ async def test_a_run_is_traced_logged_and_counted(tmp_path: Path, caplog: pytest
 
     metrics = generate_latest(telemetry.registry).decode()
     assert 'tether_agent_steps_total{role="agent"} 3.0' in metrics
-    assert 'tether_agent_tool_seconds_count{tool="bash"} 2.0' in metrics
+    assert 'tether_agent_tool_seconds_count{tool="shell"} 2.0' in metrics
     assert 'tether_agent_tokens_total{kind="prompt_tokens"}' in metrics

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from tether.chat import ToolCall, ToolSpec
+from tether.chat import JsonDict, ToolCall, ToolSpec
 from tether.envs.context import ScoringContext
-from tether.envs.episode import Environment, Tool, run_episode, scripted_policy
+from tether.envs.episode import Environment, run_episode, scripted_policy
 from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric, length_within
 from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Parsed, Problem, Task, check_name, check_seed
-from tether.envs.tools import submit_tool
+from tether.tools import SUBMIT, Tool, Workspace
 
 
 class CountingSource:
@@ -41,19 +41,22 @@ def single_turn(**overrides: Any) -> Environment:
     return Environment(**{**fields, **overrides})
 
 
-async def echo(arguments: dict[str, Any], state: EpisodeState) -> str:
-    if "text" not in arguments:
-        raise EnvError("argument 'text' is required")
+async def echo(_workspace: Workspace, arguments: JsonDict, _key: str) -> str:
     return str(arguments["text"])
 
 
 ECHO = Tool(
-    ToolSpec("echo", "Echo text.", {"type": "object", "properties": {"text": {"type": "string"}}}), echo
+    ToolSpec(
+        "echo",
+        "Echo text.",
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    ),
+    echo,
 )
 
 
 def multi_turn(**overrides: Any) -> Environment:
-    return single_turn(name="test/tools", tools=(ECHO, submit_tool()), max_turns=4, **overrides)
+    return single_turn(name="test/tools", tools=(ECHO, SUBMIT), max_turns=4, **overrides)
 
 
 def call(name: str, arguments: Any, call_id: str = "c0") -> dict[str, Any]:
@@ -237,7 +240,8 @@ async def test_tools_run_and_submit_ends_the_episode() -> None:
         (call("nope", {}), "unknown tool 'nope'"),
         (call("echo", "{not json"), "not valid JSON"),
         (call("echo", "[1, 2]"), "must be a JSON object"),
-        (call("echo", {}), "argument 'text' is required"),
+        (call("echo", {}), "arguments: 'text' is a required property"),
+        (call("echo", {"text": 5}), "text: 5 is not of type 'string'"),
     ],
 )
 async def test_bad_tool_calls_are_answered_with_an_error_not_raised(

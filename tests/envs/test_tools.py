@@ -1,4 +1,4 @@
-"""The standard tools in a real sandbox session, and the text convention for tool calls."""
+"""Episodes calling the built-in tools in a real sandbox session, and the text convention for tool calls."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric
 from tether.envs.scoring import EpisodeState
 from tether.envs.tasks import ChatRenderer, Problem
-from tether.envs.tools import parse_text_tool_calls, python_tool, shell_tool, submit_tool, text_tool_prompt
+from tether.envs.tools import parse_text_tool_calls, text_tool_prompt
 from tether.sandbox.pool import PoolConfig
+from tether.tools import PYTHON, SHELL, SUBMIT
 
 
 class Source:
@@ -35,7 +36,7 @@ def env() -> Environment:
         ChatRenderer("s"),
         ANSWER_TAG,
         answer_rubric(lambda inp: 1.0 if inp.parsed.answer == inp.task.reference else 0.0),
-        tools=(python_tool(), shell_tool(), submit_tool()),
+        tools=(PYTHON, SHELL, SUBMIT),
         max_turns=5,
         setup=plant_secret,
     )
@@ -84,7 +85,7 @@ async def test_a_failing_program_reports_its_status_to_the_model(ctx: ScoringCon
                 "tool_calls": [ToolCall("c", "python", json.dumps({"code": 5})).openai()],
             }
         )
-        assert "argument 'code' must be a string" in results[0]["content"]
+        assert "code: 5 is not of type 'string'" in results[0]["content"]
 
 
 async def test_each_episode_gets_a_fresh_session(ctx: ScoringContext) -> None:

@@ -14,16 +14,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tether.chat import Message, ToolCall, ToolSpec
+from tether.chat import JsonDict, Message, ToolCall, ToolSpec
 from tether.engine.llm_engine import LLMEngine, RequestOutput
 from tether.engine.sampling import SamplingParams
 from tether.envs.context import ScoringContext
-from tether.envs.episode import Environment, Tool
+from tether.envs.episode import Environment
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
-from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
+from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Problem, Task
-from tether.envs.tools import submit_tool
 from tether.models import load
 from tether.rl.builders import learner_options
 from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
@@ -32,6 +31,7 @@ from tether.rl.learner import Learner
 from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
 from tether.rl.sources import EngineRollouts
 from tether.rl.trainer import Trainer, to_samples
+from tether.tools import SUBMIT, Tool, Workspace
 
 from .fake_envs import letters_env
 
@@ -44,8 +44,8 @@ class _Words:
         return Problem(prompt=f"Write notes about the number {seed}.", answer=str(seed))
 
 
-async def _note(arguments: dict[str, Any], state: EpisodeState) -> str:
-    return f"noted {len(str(arguments.get('text', '')))} characters (turn {state.turns})"
+async def _note(_workspace: Workspace, arguments: JsonDict, _key: str) -> str:
+    return f"noted {len(str(arguments.get('text', '')))} characters"
 
 
 def _variety(inp: RewardInput) -> float:
@@ -62,7 +62,7 @@ def notes_env(name: str, max_turns: int) -> Environment:
         renderer=ChatRenderer("You keep notes with tools."),
         parser=ANSWER_TAG,
         rubric=Rubric((Reward("variety", _variety),)),
-        tools=(Tool(spec, _note), submit_tool()),
+        tools=(Tool(spec, _note), SUBMIT),
         max_turns=max_turns,
     )
 
@@ -296,7 +296,7 @@ def test_two_training_steps_on_a_multi_turn_mixture(
     )
 
 
-async def _crash(arguments: dict[str, Any], state: EpisodeState) -> str:
+async def _crash(_workspace: Workspace, arguments: JsonDict, _key: str) -> str:
     raise RuntimeError("tool crashed")
 
 

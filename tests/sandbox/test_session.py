@@ -8,10 +8,10 @@ import tarfile
 
 import pytest
 
-from tether.agents.workspace import SandboxWorkspace
 from tether.errors import TetherError
 from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
 from tether.sandbox.session import SessionClosed
+from tether.tools import SandboxWorkspace
 
 
 async def test_session_keeps_its_directory_across_runs(pool: SandboxPool) -> None:

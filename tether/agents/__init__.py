@@ -24,14 +24,12 @@ if TYPE_CHECKING:
     from tether.agents.service import AgentsConfig, AgentStack
     from tether.agents.task import ContextSpec, Limits, RoleSpec, TaskSpec
     from tether.agents.telemetry import Telemetry
-    from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool
     from tether.agents.worker import AgentWorker, WorkerConfig
 
 _EXPORTS = {
     "AgentStack": "tether.agents.service",
     "AgentWorker": "tether.agents.worker",
     "AgentsConfig": "tether.agents.service",
-    "BUILTIN_TOOLS": "tether.agents.tools",
     "ChatModel": "tether.agents.model",
     "ContextSpec": "tether.agents.task",
     "Limits": "tether.agents.task",
@@ -39,21 +37,18 @@ _EXPORTS = {
     "ModelRequest": "tether.agents.model",
     "OpenAIChatModel": "tether.agents.model",
     "PRESET_ROLES": "tether.agents.roles",
-    "ReplayPolicy": "tether.agents.tools",
     "RoleSpec": "tether.agents.task",
     "RunnerConfig": "tether.agents.runner",
     "ScriptedModel": "tether.agents.model",
     "TaskRunner": "tether.agents.runner",
     "TaskSpec": "tether.agents.task",
     "Telemetry": "tether.agents.telemetry",
-    "Tool": "tether.agents.tools",
     "WorkerConfig": "tether.agents.worker",
     "open_model": "tether.agents.model",
     "select_roles": "tether.agents.roles",
 }
 
 __all__ = [
-    "BUILTIN_TOOLS",
     "PRESET_ROLES",
     "AgentStack",
     "AgentWorker",
@@ -64,14 +59,12 @@ __all__ = [
     "ModelReply",
     "ModelRequest",
     "OpenAIChatModel",
-    "ReplayPolicy",
     "RoleSpec",
     "RunnerConfig",
     "ScriptedModel",
     "TaskRunner",
     "TaskSpec",
     "Telemetry",
-    "Tool",
     "WorkerConfig",
     "open_model",
     "select_roles",

@@ -38,7 +38,7 @@ def _step(task_id: str, step_no: int, epoch: int, calls: int) -> StepRecord:
         model_done_at=now,
         tool_calls=tuple(
             ToolCallRecord(
-                idempotency_key(task_id, step_no, i), task_id, step_no, i, "bash", {"command": "ls"}, now
+                idempotency_key(task_id, step_no, i), task_id, step_no, i, "shell", {"command": "ls"}, now
             )
             for i in range(calls)
         ),
@@ -51,7 +51,7 @@ def bench_step_persist(journal: Journal, steps: int = 500, tool_calls_per_step: 
     epoch = journal.claim(task_id, "bench", lease_s=3600)
     assert epoch is not None
     appends, commits, totals = [], [], []
-    observation = {"status": "ok", "exit_code": 0, "stdout": "y" * 300, "stderr": ""}
+    observation = {"content": "status: ok\nexit code: 0\nstdout:\n" + "y" * 300, "error": False}
     for step_no in range(steps):
         record = _step(task_id, step_no, epoch, tool_calls_per_step)
         start = time.perf_counter()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 
 from tether.agents.loops import LoopMark, loop_marks
+from tether.agents.replay import call_of
 from tether.agents.task import RoleSpec, TaskSpec
+from tether.chat import ToolResult
 from tether.store.records import JsonDict, StepRecord
 
 
@@ -21,9 +23,10 @@ def task_header(spec: TaskSpec, role: RoleSpec) -> str:
 
 
 def render_observation(observation: JsonDict | None, limit_chars: int) -> str:
+    """A journaled tool result as the model reads it, its middle cut when it is long."""
     if observation is None:
         return "(no output)"
-    text = json.dumps(observation, ensure_ascii=False)
+    text = str(observation.get("content", ""))
     if len(text) <= limit_chars:
         return text
     half = limit_chars // 2
@@ -31,8 +34,7 @@ def render_observation(observation: JsonDict | None, limit_chars: int) -> str:
 
 
 NO_ACTION_NUDGE = (
-    "Your last reply called no tool. Act with a tool call (a ```bash or ```python block), "
-    "or end the task with `finish` (a line `FINISH: <summary>`)."
+    "Your last reply called no tool. Act by calling one of your tools, or end the task by calling `finish`."
 )
 
 
@@ -43,19 +45,11 @@ def step_messages(
     messages: list[JsonDict] = [step.message]
     if nudge and not step.tool_calls:
         messages.append({"role": "user", "content": NO_ACTION_NUDGE})
-    ids = [call.get("id", "") for call in step.message.get("tool_calls") or []]
     for call in step.tool_calls:
-        call_id = (
-            ids[call.call_index] if call.call_index < len(ids) else f"call_{step.step_no}_{call.call_index}"
+        result = ToolResult(
+            call_of(step, call).id, call.tool, render_observation(call.observation, limit_chars)
         )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "name": call.tool,
-                "content": render_observation(call.observation, limit_chars),
-            }
-        )
+        messages.append(result.message())
     if loop is not None and not loop.stop:
         messages.append({"role": "user", "content": loop.nudge_message()})
     return messages

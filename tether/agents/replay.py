@@ -3,7 +3,8 @@
 No I/O here. `plan_resume` reads committed and uncommitted steps and answers: which checkpoint to restore,
 which committed workdir calls to re-apply on top of it (checkpoints every k steps), which journaled but
 uncommitted step to finish, and whether the task already ended. `resolve_call` applies each tool's
-replay policy (see `tools.py`) to a call whose step was interrupted.
+replay policy (see `tether.tools.tool`) to a call whose step was interrupted. A call's observation is
+journaled as `{"content": text, "error": bool}`, the `ToolResult` the model read.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tether.agents.task import Limits
-from tether.agents.tools import ReplayPolicy, Tool
+from tether.chat import ToolCall, ToolResult
 from tether.store.records import JsonDict, StepRecord, StepStatus, ToolCallRecord
+from tether.tools import HANDOFF, ReplayPolicy, Tool, Toolbox
 
 
 class CallAction(StrEnum):
@@ -44,6 +46,37 @@ class ResumePlan:
     pending: StepRecord | None  # journaled, not committed: finish it before calling the model again
     role: str  # the role that takes the next step
     ended: StepOutcome | None  # the last committed step already finished the task
+
+
+def observation_of(result: ToolResult) -> JsonDict:
+    """A tool result as the journal keeps it."""
+    return {"content": result.content, "error": result.error}
+
+
+OUTCOME_UNKNOWN = observation_of(
+    ToolResult(
+        "",
+        "",
+        "outcome unknown: the worker stopped during this call and the tool may not be run twice; "
+        "check its effect before retrying",
+        error=True,
+    )
+)
+
+
+def call_of(step: StepRecord, call: ToolCallRecord) -> ToolCall:
+    """The journaled call as the model made it: its id and raw arguments from the step's message."""
+    raws = step.message.get("tool_calls") or []
+    raw = (
+        raws[call.call_index]
+        if call.call_index < len(raws) and isinstance(raws[call.call_index], dict)
+        else {}
+    )
+    function = raw.get("function")
+    arguments = function.get("arguments", "{}") if isinstance(function, dict) else json.dumps(call.arguments)
+    if not isinstance(arguments, str):  # some servers send an object; the journal keeps what came
+        arguments = json.dumps(arguments)
+    return ToolCall(str(raw.get("id") or f"call_{step.step_no}_{call.call_index}"), call.tool, arguments)
 
 
 def resolve_call(call: ToolCallRecord, tool: Tool | None) -> CallAction:
@@ -81,23 +114,27 @@ def calls_of(message: JsonDict) -> list[tuple[str, object]]:
 
 
 def step_outcome(
-    step: StepRecord, hands_off_to: tuple[str, ...], require_finish: bool = False
+    step: StepRecord, tools: Toolbox, hands_off_to: tuple[str, ...], require_finish: bool = False
 ) -> StepOutcome:
     """What a completed step means for the task: go on, stop, or pass to another role.
 
-    A reply without tool calls is the final answer, unless the task requires an explicit `finish`
-    (useful with small models that chat instead of acting: they are told to act and go on)."""
+    A successful call of a tool that `ends` (`finish`) stops the task, its result text the summary. A reply
+    without tool calls is the final answer, unless the task requires an explicit `finish` (useful with
+    small models that chat instead of acting: they are told to act and go on)."""
     if not step.tool_calls:
         if require_finish:
             return StepOutcome(Outcome.CONTINUE, step.role)
         return StepOutcome(Outcome.FINISHED, step.role, str(step.message.get("content") or ""))
     for call in step.tool_calls:
-        observation = call.observation or {}
-        if call.tool == "finish" and observation.get("finished"):
-            return StepOutcome(Outcome.FINISHED, step.role, str(observation.get("summary", "")))
-        if call.tool == "handoff" and observation.get("handoff") in hands_off_to:
+        observation = call.observation
+        if observation is None or observation.get("error", True):
+            continue
+        tool = tools.get(call.tool)
+        if tool is not None and tool.ends:
+            return StepOutcome(Outcome.FINISHED, step.role, str(observation.get("content", "")))
+        if call.tool == HANDOFF.name and call.arguments.get("to") in hands_off_to:
             return StepOutcome(
-                Outcome.HANDOFF, str(observation["handoff"]), str(observation.get("message", ""))
+                Outcome.HANDOFF, str(call.arguments["to"]), str(call.arguments.get("message", ""))
             )
     return StepOutcome(Outcome.CONTINUE, step.role)
 
@@ -120,7 +157,7 @@ def spent_budget(limits: Limits, steps: list[StepRecord], elapsed_s: float) -> s
 
 def plan_resume(
     steps: list[StepRecord],
-    tools: dict[str, Tool],
+    tools: Toolbox,
     first_role: str,
     hands_off: dict[str, tuple[str, ...]],
     require_finish: bool = False,
@@ -136,11 +173,14 @@ def plan_resume(
         call
         for step in committed[snapshot_at + 1 :]
         for call in step.tool_calls
-        if (tool := tools.get(call.tool)) is not None and tool.policy is ReplayPolicy.WORKDIR
+        # Refused calls (bad arguments, a tool the role may not use) never ran: nothing to rebuild.
+        if call.executions > 0
+        and (tool := tools.get(call.tool)) is not None
+        and tool.policy is ReplayPolicy.WORKDIR
     )
     role, ended = first_role, None
     for step in committed:
-        outcome = step_outcome(step, hands_off.get(step.role, ()), require_finish)
+        outcome = step_outcome(step, tools, hands_off.get(step.role, ()), require_finish)
         role = outcome.next_role
         if outcome.outcome is Outcome.FINISHED:
             ended = outcome

@@ -19,7 +19,7 @@ PRESET_ROLES: dict[str, RoleSpec] = {
                 "You are the planner. Read the goal and the files, then write a short numbered plan for the "
                 "coder and hand off to the coder with the plan as the message. Do not write code yourself."
             ),
-            tools=("bash", "read_file", "handoff"),
+            tools=("shell", "read_file", "handoff"),
             hands_off_to=("coder",),
         ),
         RoleSpec(
@@ -28,7 +28,7 @@ PRESET_ROLES: dict[str, RoleSpec] = {
                 "You are the coder. Implement the plan in the working directory with the tools, run what you "
                 "wrote, and hand off to the reviewer when it works."
             ),
-            tools=("bash", "python", "write_file", "read_file", "handoff"),
+            tools=("shell", "python", "write_file", "read_file", "handoff"),
             hands_off_to=("reviewer",),
         ),
         RoleSpec(
@@ -37,7 +37,7 @@ PRESET_ROLES: dict[str, RoleSpec] = {
                 "You are the reviewer. Check the coder's work by reading and running it. If it is right, "
                 "call finish; otherwise hand off to the coder with what must change."
             ),
-            tools=("bash", "read_file", "handoff", "finish"),
+            tools=("shell", "read_file", "handoff", "finish"),
             hands_off_to=("coder",),
         ),
     )

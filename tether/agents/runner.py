@@ -22,10 +22,13 @@ from tether.agents.loops import last_mark
 from tether.agents.memory import Embedder, ObservationMemory
 from tether.agents.model import ChatModel, ModelRequest
 from tether.agents.replay import (
+    OUTCOME_UNKNOWN,
     CallAction,
     Outcome,
     StepOutcome,
+    call_of,
     calls_of,
+    observation_of,
     parse_arguments,
     plan_resume,
     resolve_call,
@@ -34,8 +37,7 @@ from tether.agents.replay import (
 )
 from tether.agents.task import TaskSpec
 from tether.agents.telemetry import Telemetry
-from tether.agents.tools import BUILTIN_TOOLS, ReplayPolicy, Tool, Workspace
-from tether.agents.workspace import SandboxWorkspace
+from tether.chat import ToolCall
 from tether.sandbox.pool import SandboxPool
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal, LeaseLost
@@ -47,11 +49,7 @@ from tether.store.records import (
     idempotency_key,
     messages_digest,
 )
-
-OUTCOME_UNKNOWN = {
-    "error": "outcome unknown: the worker stopped during this call and the tool may not be run twice; "
-    "check its effect before retrying"
-}
+from tether.tools import BUILTIN_TOOLS, ReplayPolicy, SandboxWorkspace, Toolbox, ToolError, refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +69,7 @@ class TaskRunner:
         model: ChatModel,
         owner: str,
         config: RunnerConfig | None = None,
-        tools: dict[str, Tool] | None = None,
+        tools: Toolbox | None = None,
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.time,
         embedder: Callable[[], Embedder] | None = None,
@@ -250,7 +248,12 @@ class TaskRunner:
         elif spec.files:
             await workspace.session.upload(dict(spec.files))
         for call in reapply:  # committed after the checkpoint: rebuild their effects, keep their observations
-            await self.tools[call.tool].function(workspace, call.arguments, call.idempotency_key)
+            tool = self.tools.get(call.tool)
+            assert tool is not None  # plan_resume re-applies only calls of known tools
+            with contextlib.suppress(
+                ToolError
+            ):  # a call that failed then fails again: its effect is the same
+                await tool.function(workspace, call.arguments, call.idempotency_key)
 
     async def _model_step(
         self, task_id: str, epoch: int, spec: TaskSpec, role: str, steps: list[StepRecord]
@@ -258,7 +261,7 @@ class TaskRunner:
         step_no = len(steps)
         role_spec = spec.role(role)
         messages = build_messages(spec, role_spec, steps, await self._recall(spec, steps))
-        schemas = [self.tools[name].schema() for name in role_spec.tools if name in self.tools]
+        schemas = [spec.openai() for spec in self.tools.only(role_spec.tools).specs()]
         started = self._clock()
         with self.telemetry.span("agent.model", task_id=task_id, step_no=step_no, role=role):
             clock = time.perf_counter()
@@ -305,19 +308,18 @@ class TaskRunner:
         hands_off: dict[str, tuple[str, ...]],
     ) -> tuple[StepRecord, StepOutcome]:
         clock = time.perf_counter()
-        allowed = spec.role(step.role).tools
+        allowed = self.tools.only(spec.role(step.role).tools)
         observations: dict[str, JsonDict] = {}
         with self.telemetry.span("agent.step", task_id=step.task_id, step_no=step.step_no, role=step.role):
             for call in step.tool_calls:
-                tool = self.tools.get(call.tool) if call.tool in allowed else None
-                action = resolve_call(call, tool)
+                action = resolve_call(call, allowed.get(call.tool))
                 if action is CallAction.REUSE:
                     continue
                 if action is CallAction.OUTCOME_UNKNOWN:
                     observations[call.idempotency_key] = OUTCOME_UNKNOWN
                     continue
                 observations[call.idempotency_key] = await self._call_tool(
-                    workspace, epoch, call, tool, allowed
+                    workspace, epoch, call_of(step, call), call, allowed
                 )
             provisional = tuple(
                 call
@@ -326,7 +328,7 @@ class TaskRunner:
                 for call in step.tool_calls
             )
             outcome = step_outcome(
-                _with_calls(step, provisional), hands_off.get(step.role, ()), spec.require_finish
+                _with_calls(step, provisional), self.tools, hands_off.get(step.role, ()), spec.require_finish
             )
             snapshot_key = None
             if outcome.outcome is Outcome.FINISHED or (step.step_no + 1) % spec.snapshot_every == 0:
@@ -337,32 +339,31 @@ class TaskRunner:
         self.telemetry.step_committed(
             step.task_id, step.step_no, step.role, step.usage, time.perf_counter() - clock
         )
-        return committed, step_outcome(committed, hands_off.get(step.role, ()), spec.require_finish)
+        outcome = step_outcome(committed, self.tools, hands_off.get(step.role, ()), spec.require_finish)
+        return committed, outcome
 
     async def _call_tool(
         self,
-        workspace: Workspace,
+        workspace: SandboxWorkspace,
         epoch: int,
+        request: ToolCall,
         call: ToolCallRecord,
-        tool: Tool | None,
-        allowed: tuple[str, ...],
+        allowed: Toolbox,
     ) -> JsonDict:
-        if tool is None:
-            available = ", ".join(name for name in allowed if name in self.tools)
-            return {"error": f"unknown tool {call.tool!r} for this role; available: {available}"}
-        if "_invalid" in call.arguments:
-            return {"error": f"bad arguments for {call.tool}: {call.arguments['_invalid']}"}
-        problem = tool.argument_error(call.arguments)
-        if problem is not None:
-            return {"error": problem}
+        """Check the call against the role's tools, journal that it starts, run it; the model's mistakes
+        (unknown tool, bad arguments) become error observations and never start."""
+        try:
+            tool, arguments = allowed.check(request)
+        except ToolError as error:
+            return observation_of(refusal(request, str(error)))
         self.journal.mark_started(call.task_id, epoch, call.idempotency_key)
         clock = time.perf_counter()
         with self.telemetry.span("agent.tool", tool=call.tool, key=call.idempotency_key):
-            observation = await tool.function(workspace, call.arguments, call.idempotency_key)
-        error = "error" in observation or observation.get("status", "ok") != "ok"
+            result = await tool.run(workspace, request, arguments, call.idempotency_key)
         self.telemetry.tool_finished(
-            call.task_id, call.step_no, call.tool, time.perf_counter() - clock, error
+            call.task_id, call.step_no, call.tool, time.perf_counter() - clock, result.error
         )
+        observation = observation_of(result)
         if tool.policy in (ReplayPolicy.EXTERNAL_IDEMPOTENT, ReplayPolicy.EXTERNAL_AT_MOST_ONCE):
             # Effects outside the workdir are not undone by a restore: record them at once.
             self.journal.record_observation(call.task_id, epoch, call.idempotency_key, observation)

@@ -37,7 +37,7 @@ class RoleSpec(BaseModel):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    tools: tuple[str, ...] = ("bash", "python", "write_file", "read_file", "finish")
+    tools: tuple[str, ...] = ("shell", "python", "write_file", "read_file", "finish")
     hands_off_to: tuple[str, ...] = ()  # roles this one may pass the task to with the `handoff` tool
 
 

@@ -29,14 +29,9 @@ def step_lines(step: StepRecord, width: int = 100, loop: LoopMark | None = None)
         arguments = _short(json.dumps(call.arguments, ensure_ascii=False), width // 2)
         if call.observation is None:
             result = "pending"
-        elif "error" in call.observation:
-            result = "error: " + _short(str(call.observation["error"]), width // 2)
-        elif "status" in call.observation:
-            output = str(call.observation.get("stdout", "")) + str(call.observation.get("stderr", ""))
-            status, exit_code = call.observation["status"], call.observation.get("exit_code")
-            result = f"{status} exit={exit_code} {_short(output, width // 2)}"
         else:
-            result = _short(json.dumps(call.observation, ensure_ascii=False), width // 2)
+            marker = "error: " if call.observation.get("error") else ""
+            result = marker + _short(str(call.observation.get("content", "")), width // 2)
         lines.append(f"    -> {call.tool} {arguments} => {result}")
     if loop is not None and step.status is StepStatus.COMMITTED:
         lines.append(f"    !! {loop.describe()}")

@@ -1,4 +1,5 @@
-"""Verifiable environments: tasks, parsers, rubrics, tools, episodes and the registry of domains."""
+"""Verifiable environments: tasks, parsers, rubrics, episodes and the registry of domains (their tools
+are `tether.tools`)."""
 
 from tether.chat import Message, Messages, ToolCall, ToolSpec
 from tether.envs.context import SandboxProvider, ScoringContext
@@ -8,7 +9,6 @@ from tether.envs.episode import (
     EpisodeResult,
     Policy,
     StepValidator,
-    Tool,
     run_episode,
     scripted_policy,
 )
@@ -27,7 +27,6 @@ from tether.envs.registry import (
 from tether.envs.rubric import answer_rubric, format_followed, length_within
 from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric, Score
 from tether.envs.tasks import ChatRenderer, Parsed, Parser, Problem, Renderer, Task, TaskSource
-from tether.envs.tools import parse_text_tool_calls, python_tool, shell_tool, submit_tool
 
 __all__ = [
     "ANSWER_TAG",
@@ -59,7 +58,6 @@ __all__ = [
     "TagParser",
     "Task",
     "TaskSource",
-    "Tool",
     "ToolCall",
     "ToolSpec",
     "answer_rubric",
@@ -68,10 +66,6 @@ __all__ = [
     "length_within",
     "load_mixture",
     "parse_env_spec",
-    "parse_text_tool_calls",
-    "python_tool",
     "run_episode",
     "scripted_policy",
-    "shell_tool",
-    "submit_tool",
 ]

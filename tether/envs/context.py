@@ -81,7 +81,8 @@ class ScoringContext:
             raise EnvError("this environment executes code but the scoring context has no sandbox")
         return await self.sandbox.pool()
 
-    async def _timed(self, work: Awaitable[T]) -> T:
+    async def timed(self, work: Awaitable[T]) -> T:
+        """Await sandbox work, adding its time to this context's `sandbox_time_s`."""
         start = self._clock()
         try:
             return await work
@@ -91,14 +92,8 @@ class ScoringContext:
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
         """`SandboxPool.run` (same keyword arguments), timed."""
         pool = await self.pool()
-        return await self._timed(pool.run(code, language=language, **kwargs))
+        return await self.timed(pool.run(code, language=language, **kwargs))
 
     async def open_session(self, spec: SandboxSpec | None = None) -> SandboxSession:
         pool = await self.pool()
-        return await self._timed(pool.open_session(spec))
-
-    async def run_in(
-        self, session: SandboxSession, code: str | bytes, language: str = "python", **kwargs: Any
-    ) -> RunResult:
-        """`SandboxSession.run` (same keyword arguments), timed."""
-        return await self._timed(session.run(code, language=language, **kwargs))
+        return await self.timed(pool.open_session(spec))

@@ -9,7 +9,7 @@ How a domain plugs in (see `registry.py` for naming and registration):
         renderer=ChatRenderer(SYSTEM),      # Problem -> chat messages; the system prompt never varies
         parser=ANSWER_TAG,                  # completion text -> Parsed (see parsers.py)
         rubric=Rubric((Reward("correctness", check, weight=0.9, gate=True), Reward("format", ...))),
-        tools=(python_tool(), submit_tool()),  # multi-turn only (see tools.py); OpenAI tool-call format
+        tools=(PYTHON, SUBMIT),             # multi-turn only: the tools of `tether.tools`, OpenAI tool calls
         max_turns=8,
         setup=write_fixtures,               # multi-turn: prepare the sandbox session of an episode
         validators=(protected_files_unchanged,),  # run after every step; a reason ends the episode at 0
@@ -30,27 +30,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.chat import ChatError, Message, Messages, ToolCall, ToolSpec, message_text
+from tether.chat import ChatError, Message, Messages, ToolCall, ToolResult, message_text
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
 from tether.envs.scoring import EpisodeState, RewardInput, Rubric, Score
 from tether.envs.tasks import Parsed, Parser, Renderer, Task, TaskSource, check_json, check_name, check_seed
+from tether.tools import NoWorkspace, Tool, Toolbox, Workspace
 
 if TYPE_CHECKING:
     from tether.sandbox.spec import SandboxSpec
-
-
-ToolFn = Callable[[dict[str, Any], EpisodeState], Awaitable[str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    """A tool's spec and implementation. `ends_episode`: calling it is the final action (`submit`)."""
-
-    spec: ToolSpec
-    fn: ToolFn
-    needs_session: bool = False
-    ends_episode: bool = False
 
 
 SetupHook = Callable[[EpisodeState], Awaitable[None]]
@@ -84,7 +72,7 @@ class Environment:
         check_name(self.name)
         if self.max_turns < 1:
             raise ValueError(f"{self.name}: max_turns {self.max_turns!r} must be >= 1")
-        names = [tool.spec.name for tool in self.tools]
+        names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: tool names must be unique, got {names}")
         if self.tools and self.max_turns == 1:
@@ -100,7 +88,7 @@ class Environment:
 
     @property
     def needs_session(self) -> bool:
-        return self.setup is not None or any(tool.needs_session for tool in self.tools)
+        return self.setup is not None or any(tool.needs_workspace for tool in self.tools)
 
     def tool_specs(self) -> list[dict[str, Any]]:
         return [tool.spec.openai() for tool in self.tools]
@@ -166,7 +154,7 @@ class Episode:
         self.env = env
         self.state = state
         self.done = False
-        self._tools = {tool.spec.name: tool for tool in env.tools}
+        self._tools = Toolbox(env.tools)
 
     @property
     def messages(self) -> Messages:
@@ -187,12 +175,12 @@ class Episode:
         state.turns += 1
         raw_calls = reply.get("tool_calls") or []
         results: Messages = []
-        for index, raw in enumerate(raw_calls if self._tools else []):
-            call = ToolCall.from_openai(raw, index)
-            output, ends = await self._call(call)
-            results.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": output})
+        for index, raw in enumerate(raw_calls if len(self._tools) else []):
+            result, ends = await self._call(ToolCall.from_openai(raw, index))
+            results.append(result.message())
             state.tool_calls += 1
             if ends:
+                state.submitted = result.content
                 self.done = True
                 break
         state.messages.extend(results)
@@ -206,22 +194,19 @@ class Episode:
                 break
         return results
 
-    async def _call(self, call: ToolCall) -> tuple[str, bool]:
-        tool = self._tools.get(call.name)
-        if tool is None:
-            return f"error: unknown tool {call.name!r}; available: {', '.join(self._tools)}", False
-        try:
-            arguments = call.parsed_arguments()
-        except ChatError as error:
-            return f"error: {error}", False
-        try:
-            output = await tool.fn(arguments, self.state)
-        except EnvError as error:  # bad arguments are the model's mistake: tell it, do not crash
-            return f"error: {error}", False
+    def _workspace(self) -> Workspace:
+        if self.state.session is None:
+            return NoWorkspace(f"environment {self.env.name} has no sandbox session in this episode")
+        return self.state.workspace()
+
+    async def _call(self, call: ToolCall) -> tuple[ToolResult, bool]:
+        """Run one call in the episode's sandbox; the model's mistakes come back as error results."""
+        result, ends = await self._tools.call(self._workspace(), call)
         limit = self.env.max_tool_output_chars
-        if len(output) > limit:
-            output = output[:limit] + f"\n[output truncated to {limit} characters]"
-        return output, tool.ends_episode
+        if len(result.content) > limit and not ends:
+            shown = result.content[:limit] + f"\n[output truncated to {limit} characters]"
+            result = ToolResult(result.call_id, result.name, shown, result.error)
+        return result, ends
 
     async def score(self) -> Score:
         state = self.state

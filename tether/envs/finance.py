@@ -28,7 +28,7 @@ from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import answer_rubric, hedged
 from tether.envs.scoring import EpisodeState, RewardInput
 from tether.envs.tasks import ChatRenderer, Problem, Task
-from tether.envs.tools import python_tool, submit_tool
+from tether.tools import PYTHON, SUBMIT
 
 ABS_TOL = 0.01
 REL_TOL = 0.001
@@ -314,7 +314,7 @@ def analyst_environment() -> Environment:
         renderer=ChatRenderer(system),
         parser=ANSWER_TAG,
         rubric=answer_rubric(correctness, max_chars=6000),
-        tools=(python_tool(), submit_tool()),
+        tools=(PYTHON, SUBMIT),
         max_turns=8,
         setup=_write_table,
         description="a random finance question over data.csv in the sandbox, solved with tools",

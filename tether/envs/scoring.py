@@ -14,6 +14,7 @@ from tether.chat import Messages, message_text
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
 from tether.envs.tasks import Parsed, Task
+from tether.tools.workspace import SandboxWorkspace
 
 if TYPE_CHECKING:
     from tether.sandbox.result import RunResult
@@ -39,9 +40,13 @@ class EpisodeState:
             raise EnvError(f"environment {self.task.env} has no sandbox session in this episode")
         return self.session
 
+    def workspace(self) -> SandboxWorkspace:
+        """The session's working directory as tools see it, its sandbox time counted in `ctx`."""
+        return SandboxWorkspace(self.require_session(), self.ctx.timed)
+
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
         """Run in the episode's sandbox session (files persist between runs), timed."""
-        return await self.ctx.run_in(self.require_session(), code, language, **kwargs)
+        return await self.workspace().run(code, language, **kwargs)
 
     @property
     def final_text(self) -> str:

@@ -29,8 +29,8 @@ from tether.envs.registry import EnvRegistry
 from tether.envs.sandboxed import new_nonce, run_trusted
 from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Problem, Task
-from tether.envs.tools import python_tool, shell_tool, submit_tool
 from tether.sandbox.result import RunStatus
+from tether.tools import PYTHON, SHELL, SUBMIT
 
 SYSTEM = (
     "You operate a Linux terminal through tools. Use `shell` to run bash commands and `python` to run "
@@ -408,7 +408,7 @@ def shell_env(name: str) -> Environment:
         renderer=ChatRenderer(SYSTEM),
         parser=ANSWER_TAG,
         rubric=state_rubric(check_state, call_budget=8),
-        tools=(shell_tool(), python_tool(), submit_tool()),
+        tools=(SHELL, PYTHON, SUBMIT),
         max_turns=16,
         description=f"terminal: {TASKS[name][1]}; final filesystem state checked in the sandbox",
         setup=setup,

@@ -25,7 +25,7 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.scoring import EpisodeState
 from tether.envs.shell import state_rubric, tool_call_message
 from tether.envs.tasks import ChatRenderer, Problem, Task
-from tether.envs.tools import python_tool, shell_tool, submit_tool
+from tether.tools import PYTHON, SHELL, SUBMIT
 
 SYSTEM = (
     "You are a software engineer working in a repository through tools: `shell` runs bash commands and "
@@ -92,7 +92,7 @@ def long_env(name: str) -> Environment:
         renderer=ChatRenderer(SYSTEM),
         parser=ANSWER_TAG,
         rubric=state_rubric(check_repository, call_budget=24),
-        tools=(shell_tool(), python_tool(), submit_tool()),
+        tools=(SHELL, PYTHON, SUBMIT),
         max_turns=40,
         description=f"repository task: {TASKS[name][1]}; hidden tests with partial credit",
         setup=setup,
