@@ -13,9 +13,8 @@ from tether.testing.scripted import ScriptedClient
 
 async def test_each_step_gets_its_line_and_a_step_past_the_end_is_done(tmp_path: Path) -> None:
     script = tmp_path / "s.jsonl"
-    script.write_text(
-        '{"content": "a", "tool_calls": [{"name": "python", "arguments": {"code": "1"}}]}\n\n{"content": "b"}\n'
-    )
+    call = '{"name": "python", "arguments": {"code": "1"}}'
+    script.write_text(f'{{"content": "a", "tool_calls": [{call}]}}\n\n{{"content": "b"}}\n')
     client = ScriptedClient.from_file(script)
     first = await client.complete(ChatRequest([], step_no=0))
     again = await client.complete(ChatRequest([], step_no=0))
