@@ -45,3 +45,15 @@ def placement(request: pytest.FixtureRequest) -> Placement:
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA device")
     return chosen
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+REPO_CACHE = Path(__file__).resolve().parents[1] / ".tether" / "cache"
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """The real SmolLM2-135M-Instruct, converted once into the repository's cache (`make test` does it)."""
+    from tether.models.cache import pull
+
+    return pull(SMOLLM2, REPO_CACHE)

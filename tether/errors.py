@@ -36,3 +36,16 @@ def describe_validation_error(
         else:
             lines.append(f"{source}: {key} = {problem['input']!r}: {problem['msg']}")
     return "\n".join(lines)
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Where `text` holds a lone UTF-16 surrogate, which is valid JSON (an escape such as `\\ud800`) but no
+    character: neither a tokenizer, a file name nor a UTF-8 response can hold it. None for valid text."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as error:
+        return (
+            f"a lone UTF-16 surrogate {text[error.start]!r} (U+{ord(text[error.start]):04X}) at index "
+            f"{error.start}, which is not valid Unicode; send surrogates only in pairs"
+        )
+    return None

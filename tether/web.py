@@ -1,5 +1,5 @@
 """What tether's HTTP servers (sandbox, engine, gateway) share: a JSON response that still renders when
-an error message quotes a client's lone UTF-16 surrogate.
+an error message quotes a client's lone UTF-16 surrogate (`tether.errors.lone_surrogate` finds one).
 
 JSON's `\\ud800` escapes carry such a surrogate into a Python string, and a refusal that names the bad
 value would then fail to encode as UTF-8 (a 500 in place of the 400); escaping every non-ASCII

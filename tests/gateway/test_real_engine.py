@@ -14,7 +14,6 @@ import pytest
 
 from tether.chat import Usage
 from tether.gateway import Tier
-from tether.models import pull
 
 from .conftest import engine_server, live_gateway, make_config
 from .helpers import expected_cost, serve
@@ -23,12 +22,6 @@ from .priority import ttft_medians
 pytestmark = pytest.mark.slow
 
 SMOLLM2 = "smollm2-135m-instruct"
-REPO_CACHE = Path(__file__).resolve().parents[2] / ".tether" / "cache"
-
-
-@pytest.fixture(scope="module")
-def smollm2_folder() -> Path:
-    return pull(SMOLLM2, REPO_CACHE)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.kernels import _paged
+from tether.kernels import _paged, cpu
 from tether.kernels.attention import (
     AttentionKernel,
     AttentionMetadata,
@@ -18,8 +18,7 @@ from tether.kernels.attention import (
     decode_torch,
     kernel_for,
 )
-from tether.models import cpu
-from tether.models.cpu import CpuFeature
+from tether.kernels.cpu import CpuFeature
 
 # The portable path runs on every CPU; the AVX2 one only where the CPU has it (skipped elsewhere).
 NEEDS_AVX2 = pytest.mark.skipif(CpuFeature.AVX2_FMA not in cpu.detected(), reason="CPU without AVX2/FMA")

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.cli.models import app
-from tether.models import cpu
-from tether.models.cpu import CpuFeature
+from tether.kernels import cpu
+from tether.kernels.cpu import CpuFeature
 
 SMOLLM2 = "smollm2-135m-instruct"
 

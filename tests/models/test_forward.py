@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk, WeightUpdateError, make_batch
-from tether.kernels import attention
+from tether.kernels import attention, cpu
 from tether.kernels.attention import AttentionKernel, attention_kernel
-from tether.models import ModelConfig, cpu, load, prepack
-from tether.models.cpu import CpuFeature
+from tether.kernels.cpu import CpuFeature
+from tether.models import ModelConfig, load, prepack
 from tether.models.prepack import ProjectionKernel, projection_kernel
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3"]

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk, make_batch
-from tether.models import cpu, load, prepack
-from tether.models.cpu import CpuFeature
+from tether.kernels import cpu
+from tether.kernels.cpu import CpuFeature
+from tether.models import load, prepack
 from tether.models.layers import BATCH_INVARIANT_ROWS, Linear, stacked_projections
 
 pytestmark = pytest.mark.skipif(CpuFeature.ONEDNN not in cpu.detected(), reason="torch built without oneDNN")

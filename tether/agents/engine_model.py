@@ -27,7 +27,7 @@ class EngineModel(OpenAIChatModel):
         from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
         from tether.engine.llm_engine import LLMEngine
         from tether.models import configure_threads
-        from tether.models.cache import pull
+        from tether.models.loader import resolve
         from tether.models.precision import DType, resolve_device
         from tether.serving.app import create_app
 
@@ -35,7 +35,7 @@ class EngineModel(OpenAIChatModel):
         on_cpu = where.type == "cpu"
         if on_cpu:  # CPU threads matter only where the model computes on them
             configure_threads()
-        folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
+        folder = resolve(name, cache_dir)  # a folder, a registered name, or a trained run's checkpoint
         engine, tokenizer = LLMEngine.from_pretrained(
             folder, kv_cache_mib=kv_cache_mib, device=where, dtype=kind.torch, adapt_threads=on_cpu
         )

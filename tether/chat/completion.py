@@ -24,6 +24,10 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
+class ModelError(ChatError):
+    """The model could not be reached, or answered something that is not a chat completion."""
+
+
 class BadUsage(ChatError, ValueError):
     """A `usage` object that is missing or inconsistent."""
 

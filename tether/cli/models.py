@@ -79,7 +79,7 @@ def doctor_command(
     import torch
 
     from tether.kernels.attention import attention_kernel
-    from tether.models.cpu import USES, cpu_model, detected
+    from tether.kernels.cpu import USES, cpu_model, detected
     from tether.models.prepack import projection_kernel
 
     features = detected()

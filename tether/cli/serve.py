@@ -1,4 +1,5 @@
-"""`tether serve`: pull a model if needed and serve it over an OpenAI-compatible HTTP API."""
+"""`tether serve`: pull a model (or export a trained run's checkpoint) if needed and serve it over an
+OpenAI-compatible HTTP API."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from tether.cli.common import (
     err_console,
     user_errors,
 )
-from tether.models.cache import pull
 from tether.models.registry import KNOWN_MODELS
 
 
@@ -23,7 +23,10 @@ def serve_command(
     ctx: typer.Context,
     model: Annotated[
         str,
-        typer.Option(help=f"A registered model ({', '.join(sorted(KNOWN_MODELS))}) or a model folder."),
+        typer.Option(
+            help=f"A registered model ({', '.join(sorted(KNOWN_MODELS))}), a model folder, or a trained "
+            "run: runs/NAME, runs/NAME/checkpoints/latest or runs/NAME/checkpoints/step-NNNNNN."
+        ),
     ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.", min=1, max=65535)] = 8000,
@@ -40,19 +43,22 @@ def serve_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
+    from tether.models.loader import resolve
     from tether.models.precision import DType, resolve_device
     from tether.serving.launcher import listen, serve
 
     with user_errors():
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
-        folder = Path(model)
-        name = folder.name
-        if not folder.is_dir():
-            root = cache_root(ctx, cache_dir)
-            with err_console.status(f"pulling {model}") as status:
-                folder = pull(model, root, progress=lambda message: status.update(f"{model}: {message}"))
-            name = model
+        with err_console.status(f"loading {model}") as status:
+            folder = resolve(
+                model,
+                cache_root(ctx, cache_dir),
+                progress=lambda message: status.update(f"{model}: {message}"),
+            )
+        # A plain model folder serves under its folder name; a run's checkpoint or a registered model
+        # under the --model value, which is what the client that started the server knows.
+        name = folder.name if folder == Path(model) else model
         err_console.print(f"serving {name} on http://{host}:{port}/v1 ({where}, {kind})", highlight=False)
         serve(
             folder,

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tether.errors import lone_surrogate
 from tether.gateway.config import GatewayConfig, Tier
 from tether.gateway.errors import GatewayError
 from tether.gateway.pricing import to_nano_usd, worst_case_usd
@@ -65,14 +66,10 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
 
 
 def _utf8_bytes(text: str, param: str) -> int:
-    try:
-        return len(text.encode())
-    except UnicodeEncodeError as error:
-        raise _bad(
-            f"{param}: the text holds a lone UTF-16 surrogate {text[error.start]!r} at index {error.start}, "
-            "which is not valid Unicode; send surrogates only in pairs",
-            param,
-        ) from None
+    where = lone_surrogate(text)
+    if where is not None:
+        raise _bad(f"{param}: the text holds {where}", param)
+    return len(text.encode())
 
 
 def _text_bytes(content: Any) -> int:

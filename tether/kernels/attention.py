@@ -23,9 +23,11 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
-from tether.kernels import _paged  # after torch: its OpenMP runtime is then the one the kernel links to
-from tether.models import cpu
-from tether.models.cpu import CpuFeature
+from tether.kernels import (
+    _paged,  # after torch: its OpenMP runtime is then the one the kernel links to
+    cpu,
+)
+from tether.kernels.cpu import CpuFeature
 
 
 class AttentionKernel(Enum):

@@ -8,12 +8,22 @@ through `tether.kernels.attention`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from tether.models.config import ModelConfig
+
+class CacheShape(Protocol):
+    """What the cache's size depends on (a `models.config.ModelConfig` has it)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -25,7 +35,7 @@ class KVCache:
     @classmethod
     def allocate(
         cls,
-        config: ModelConfig,
+        config: CacheShape,
         num_blocks: int,
         block_size: int,
         device: torch.device | str = "cpu",

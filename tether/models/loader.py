@@ -1,4 +1,4 @@
-"""Load our own model implementation from a local Hugging Face folder or a registered model name.
+"""Load our own model implementation from a local Hugging Face folder, a registered model name or a run.
 
 Weights are read from safetensors straight into parameters (the model is built on the meta device first),
 so loading takes about as long as reading the file. Tokenizers come from transformers, offline.
@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file
 
-from tether.models.cache import pull
+from tether.errors import ConfigError
+from tether.models.cache import Progress, pull
+from tether.models.checkpoints import export_checkpoint, find_checkpoint
 from tether.models.config import ModelConfig, UnsupportedModelError
 from tether.models.quantize import get_quantizer
-from tether.models.registry import lookup
+from tether.models.registry import KNOWN_MODELS, lookup
 from tether.models.transformer import CausalLM
 
 if TYPE_CHECKING:
@@ -26,17 +28,33 @@ if TYPE_CHECKING:
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def resolve(path_or_name: str | Path, cache_dir: Path | None = None) -> Path:
-    """A model folder: an existing local folder as is, or a registered name pulled into the cache."""
+def resolve(
+    path_or_name: str | Path, cache_dir: Path | None = None, progress: Progress = lambda _: None
+) -> Path:
+    """The model folder `--model` names, wherever a model is loaded for the engine or a learner: a trained
+    run's checkpoint (`runs/NAME`, `.../checkpoints/latest`, `.../checkpoints/step-NNNNNN`) exported onto
+    its base model (`tether.models.checkpoints`), an existing local folder as is, or a registered name
+    pulled into the cache."""
     path = Path(path_or_name)
+    checkpoint = find_checkpoint(path)
+    if checkpoint is not None:
+        return export_checkpoint(
+            checkpoint, lambda base, run_cache: resolve(base, run_cache or cache_dir, progress), progress
+        )
     if path.is_dir():
         return path
+    if len(path.parts) > 1:  # a path, not a name: say so rather than list the registered names
+        raise ConfigError(
+            f"unknown model {str(path)!r}: no such folder; expected a model folder, a run directory or one "
+            f"of its checkpoints (runs/NAME/checkpoints/latest), or a registered model "
+            f"({', '.join(KNOWN_MODELS)})"
+        )
     source = lookup(str(path_or_name))  # an unknown name raises, naming the known ones
     if cache_dir is None:
         from tether.config import TetherSettings
 
         cache_dir = TetherSettings().cache_dir
-    return pull(source.name, cache_dir)
+    return pull(source.name, cache_dir, progress)
 
 
 def load_weights(model: CausalLM, folder: Path, device: torch.device | str, dtype: torch.dtype) -> None:

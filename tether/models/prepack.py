@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from tether.models import cpu
-from tether.models.cpu import CpuFeature
+from tether.kernels import cpu
+from tether.kernels.cpu import CpuFeature
 
 # The kernel is chosen for a batch of about this many rows; any row count runs with the same packed weight.
 PACKED_BATCH_HINT = 64

@@ -28,17 +28,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from tether.errors import ConfigError
-
-LATEST = "latest"
-STATE = "state"  # the learner's model and optimizer, in torch.distributed.checkpoint's layout
+from tether.models.checkpoints import LATEST, STATE, checkpoint_tensors  # the layout the engine reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +150,7 @@ def load_learner_state(
 def saved_model(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     """The full (unsharded) model tensors a checkpoint holds, by name, on the CPU: what trains (LoRA:
     the adapters), for inspection or export, whatever world size wrote it."""
-    reader = FileSystemReader(checkpoint_dir / STATE)
-    wanted = {
-        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in reader.read_metadata().state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    with _one_process_quietly(True):
-        dcp_load({"model": wanted}, storage_reader=reader, no_dist=True)
-    return wanted
+    return checkpoint_tensors(checkpoint_dir)
 
 
 def _fsync_tree(path: Path) -> None:

@@ -14,24 +14,14 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from tether.errors import ConfigError, describe_validation_error
+from tether.errors import ConfigError, describe_validation_error, lone_surrogate
 from tether.sandbox.paths import locate
 
 
 def unicode_problem(text: str) -> str | None:
-    """Why `text` cannot travel as UTF-8, or None.
-
-    JSON's `\\uD800` escapes can carry a lone UTF-16 surrogate into a Python string; no program, file
-    name or environment variable can hold one.
-    """
-    try:
-        text.encode()
-    except UnicodeEncodeError as error:
-        return (
-            f"holds a lone UTF-16 surrogate (U+{ord(text[error.start]):04X} at index {error.start}); "
-            "text must be valid Unicode"
-        )
-    return None
+    """Why `text` cannot travel as UTF-8 (no program, file name or environment variable can), or None."""
+    where = lone_surrogate(text)
+    return None if where is None else f"holds {where}"
 
 
 def _valid_unicode(text: str) -> str:

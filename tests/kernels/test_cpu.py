@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tether.models import cpu
-from tether.models.cpu import CpuFeature, cpu_flags, features_of
+from tether.kernels import cpu
+from tether.kernels.cpu import CpuFeature, cpu_flags, features_of
 
 # Excerpts of /proc/cpuinfo: an AVX2-only AMD EPYC (where bfloat16 packing failed) and an AVX-512 Xeon.
 EPYC_AVX2 = """processor\t: 0

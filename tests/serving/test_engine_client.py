@@ -1,0 +1,37 @@
+"""The in-process engine is reached through the same OpenAI app as `tether serve`, and `open_client`
+names the client each `--model`/`--base-url` pair means."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tether.chat import ChatRequest
+from tether.chat.openai_client import OpenAIClient
+from tether.errors import ConfigError
+from tether.serving.engine_client import EngineClient, open_client
+from tether.testing.scripted import ScriptedClient
+
+
+async def test_the_in_process_engine_answers_a_chat(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    client = EngineClient(str(tiny_model("qwen2")), tmp_path, kv_cache_mib=4, device="cpu")
+    try:
+        completion = await client.complete(ChatRequest([{"role": "user", "content": "hi"}], max_tokens=5))
+    finally:
+        await client.close()
+    assert completion.usage.completion_tokens >= 1 and completion.usage.prompt_tokens > 0
+
+
+def test_open_client_picks_the_client_each_pair_names(tmp_path: Path) -> None:
+    script = tmp_path / "s.jsonl"
+    script.write_text('{"content": "x"}\n')
+    assert isinstance(open_client(f"scripted:{script}", None, tmp_path), ScriptedClient)
+    assert isinstance(open_client("m", "http://127.0.0.1:9/v1", tmp_path), OpenAIClient)
+    with pytest.raises(ConfigError, match="do not also give --base-url"):
+        open_client(f"scripted:{script}", "http://x/v1", tmp_path)
+    with pytest.raises(ConfigError, match="no model"):
+        open_client(None, None, tmp_path)

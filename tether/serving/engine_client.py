@@ -1,0 +1,75 @@
+"""`EngineClient`: tether's engine in this process, reached through its OpenAI-compatible app, and
+`open_client`, which turns a `--model`/`--base-url` pair into the `ChatClient` it names.
+
+The app is called over httpx's ASGI transport, so a caller talks to the in-process engine exactly as it
+would to `tether serve` on the network (the same tool-call format, constraints and refusals); no port is
+opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tether.chat import ChatClient
+from tether.chat.openai_client import OpenAIClient
+from tether.errors import ConfigError
+from tether.testing.scripted import ScriptedClient
+
+
+class EngineClient(OpenAIClient):
+    def __init__(
+        self,
+        name: str,
+        cache_dir: Path,
+        kv_cache_mib: int = 256,
+        device: str = "auto",
+        dtype: str = "float32",
+    ) -> None:
+        """`device` and `dtype` as `tether.models.precision` spells them, checked before anything loads."""
+        from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
+        from tether.engine.llm_engine import LLMEngine
+        from tether.models import configure_threads
+        from tether.models.cache import pull
+        from tether.models.precision import DType, resolve_device
+        from tether.serving.app import create_app
+
+        where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+        on_cpu = where.type == "cpu"
+        if on_cpu:  # CPU threads matter only where the model computes on them
+            configure_threads()
+        folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
+        engine, tokenizer = LLMEngine.from_pretrained(
+            folder, kv_cache_mib=kv_cache_mib, device=where, dtype=kind.torch, adapt_threads=on_cpu
+        )
+        self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
+        app = create_app(self._engine, tokenizer, name)
+        self._engine.start()
+        super().__init__("http://engine.local/v1", name, transport=httpx.ASGITransport(app=app))
+
+    async def close(self) -> None:
+        await super().close()
+        self._engine.shutdown()
+
+
+def open_client(
+    model: str | None,
+    base_url: str | None,
+    cache_dir: Path,
+    device: str = "auto",
+    dtype: str = "float32",
+    api_key: str | None = None,
+) -> ChatClient:
+    """`scripted:FILE`, a server at `base_url` (`model` names what to ask it for), or an engine in process
+    on `device` in `dtype` (`tether.models.precision`; the other two ignore them)."""
+    if model and model.startswith("scripted:"):
+        if base_url:
+            raise ConfigError("--model scripted:FILE replays a file; do not also give --base-url")
+        return ScriptedClient.from_file(Path(model[len("scripted:") :]))
+    if base_url:
+        return OpenAIClient(base_url, model or "default", api_key=api_key)
+    if not model:
+        raise ConfigError("no model: give --model NAME, --model scripted:FILE or --base-url URL")
+    return EngineClient(model, cache_dir, device=device, dtype=dtype)
