@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tether.testing.scripted import ScriptedClient
+
 
 def effect_step(step_no: int) -> dict[str, object]:
     """A side-effecting step: appending twice would show, so a double execution is visible in the files."""
@@ -29,3 +31,8 @@ def write_script(path: Path, steps: int) -> Path:
 
 def expected_effects(steps: int) -> str:
     return "".join(f"effect-{step_no}\n" for step_no in range(steps))
+
+
+def scripted(path: Path) -> ScriptedClient:
+    """The scripted model of `path` (`--model scripted:FILE`)."""
+    return ScriptedClient.from_file(path)

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.agents.chaos import WorkerFleet, assert_exactly_once, run_with_chaos, snapshot_files
-from tests.agents.scripts import expected_effects, write_script
+from tests.agents.scripts import expected_effects, scripted, write_script
 from tests.store.backends import POSTGRES_URL, skip_without_services
-from tether.agents.model import ScriptedModel
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import ContextSpec, Limits, TaskSpec
@@ -79,7 +78,12 @@ async def uninterrupted_files(script: Path, steps: int, root: Path) -> dict[str,
         task_id = await stack.submit(task_spec(steps))
         async with SandboxPool(SandboxSpec(timeout_s=20), PoolConfig(slots=1)) as pool:
             runner = TaskRunner(
-                stack.journal, stack.artifacts, pool, ScriptedModel(script), "reference", RunnerConfig()
+                stack.journal,
+                stack.artifacts,
+                pool,
+                scripted(script),
+                "reference",
+                RunnerConfig(),
             )
             assert await runner.run(task_id) is TaskStatus.SUCCEEDED
         return snapshot_files(stack.artifacts, stack.journal.steps(task_id)[-1].snapshot_key)

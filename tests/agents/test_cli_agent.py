@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.agents.scripts import write_script
-from tether.agents.model import ScriptedModel
+from tests.agents.scripts import scripted, write_script
 from tether.cli.main import app
+from tether.testing.scripted import ScriptedClient
 
 runner = CliRunner()
 
@@ -261,11 +261,13 @@ def test_agent_run_loads_the_model_before_the_timeline_starts(
 
     def loading_model(
         model: str | None, base_url: str | None, cache_dir: Path, **engine: str
-    ) -> ScriptedModel:
+    ) -> ScriptedClient:
         print("Loading weights: 100%|##########| 103/103")  # what an engine's loading prints
-        return ScriptedModel(script)
+        return scripted(script)
 
-    monkeypatch.setattr("tether.agents.model.open_model", loading_model)  # the CLI imports it on use
+    monkeypatch.setattr(
+        "tether.serving.engine_client.open_client", loading_model
+    )  # the CLI imports it on use
     code, output = invoke("agent", "run", "g", "--model", "smollm2-135m-instruct", "--home", str(tmp_path))
     assert code == 0, output
     lines = output.splitlines()

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from tests.agents.scripts import scripted
 from tests.agents.test_runner import FailingModel, runner_for
 from tether.agents.context import build_messages
 from tether.agents.loops import LoopMark, last_mark, loop_marks
-from tether.agents.model import ModelError, ModelReply, ModelRequest, ScriptedModel
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import LoopSpec, TaskSpec
+from tether.chat import ChatRequest, Completion
+from tether.chat.completion import ModelError
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import StepRecord, StepStatus, TaskStatus, ToolCallRecord, messages_digest
 
@@ -127,9 +129,9 @@ class Recording:
     """Remembers every request the model was sent."""
 
     def __init__(self, inner: object) -> None:
-        self.inner, self.name, self.requests = inner, "recording", list[ModelRequest]()
+        self.inner, self.name, self.requests = inner, "recording", list[ChatRequest]()
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ChatRequest) -> Completion:
         self.requests.append(request)
         return await self.inner.complete(request)  # type: ignore[attr-defined,no-any-return]
 
@@ -148,7 +150,7 @@ def repeating_script(path: Path, times: int = 50) -> Path:
 async def test_a_model_repeating_itself_is_nudged_and_then_stopped_long_before_its_budget(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path
 ) -> None:
-    model = Recording(ScriptedModel(repeating_script(tmp_path / "repeat.jsonl")))
+    model = Recording(scripted(repeating_script(tmp_path / "repeat.jsonl")))
     task_id = await stack.submit(TaskSpec(goal="write a reverse function", require_finish=True))
     assert await runner_for(stack, pool, model).run(task_id) is TaskStatus.FAILED
     task = stack.journal.get_task(task_id)
@@ -167,9 +169,9 @@ async def test_loop_nudges_replay_identically_after_a_crash(
     script = repeating_script(tmp_path / "repeat.jsonl")
     spec = TaskSpec(goal="g", require_finish=True)
     clean_id = await stack.submit(spec)
-    await runner_for(stack, pool, ScriptedModel(script)).run(clean_id)
+    await runner_for(stack, pool, scripted(script)).run(clean_id)
     crashy_id = await stack.submit(spec)
-    flaky = FailingModel(ScriptedModel(script), fail_at=4)  # dies at the step after the second nudge
+    flaky = FailingModel(scripted(script), fail_at=4)  # dies at the step after the second nudge
     runner = runner_for(stack, pool, flaky)
     with pytest.raises(ModelError):
         await runner.run(crashy_id)

@@ -8,14 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.agents.scripts import write_script
+from tests.agents.scripts import scripted, write_script
 from tether.agents.memory import MiniLMEmbedder, ObservationMemory, Vectors
-from tether.agents.model import ModelReply, ModelRequest, ScriptedModel
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import ContextSpec, TaskSpec
+from tether.chat import ChatRequest, Completion
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import TaskStatus
+from tether.testing.scripted import ScriptedClient
 
 VOCABULARY = ["password", "test", "file", "effect", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
 
@@ -60,12 +61,12 @@ def test_the_bundled_minilm_encoder_finds_the_relevant_observation() -> None:
     assert memory.recall("did the unit tests succeed", 1)[0].key == "d"
 
 
-class Recording(ScriptedModel):
+class Recording(ScriptedClient):
     def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.requests: list[ModelRequest] = []
+        super().__init__(scripted(path).replies)
+        self.requests: list[ChatRequest] = []
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ChatRequest) -> Completion:
         self.requests.append(request)
         return await super().complete(request)
 

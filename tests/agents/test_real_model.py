@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from tether.agents.engine_model import EngineModel
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import Limits, TaskSpec
 from tether.config import load_settings
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
+from tether.serving.engine_client import EngineClient
 from tether.store import StepStatus, TaskStatus
 
 
 class StopAfter:
     """Wraps the real model and stops the run (like a killed worker) once `steps` model calls are made."""
 
-    def __init__(self, model: EngineModel, steps: int) -> None:
+    def __init__(self, model: EngineClient, steps: int) -> None:
         self.model, self.steps, self.name = model, steps, model.name
 
     async def complete(self, request):  # type: ignore[no-untyped-def]
@@ -37,7 +37,7 @@ class StopAfter:
 
 @pytest.mark.slow
 async def test_fizzbuzz_with_the_real_model_is_complete_and_resumable(tmp_path: Path) -> None:
-    model = EngineModel("smollm2-135m-instruct", load_settings(None).cache_dir)
+    model = EngineClient("smollm2-135m-instruct", load_settings(None).cache_dir)
     stack = AgentStack(AgentsConfig.embedded(tmp_path / "agents"))
     spec = TaskSpec(
         goal="write fizzbuzz.py and test it",

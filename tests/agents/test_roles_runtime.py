@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from tests.agents.chaos import snapshot_files
-from tether.agents.model import ScriptedModel
+from tests.agents.scripts import scripted
 from tether.agents.roles import select_roles
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
@@ -82,7 +82,12 @@ async def test_roles_hand_the_task_around_until_the_reviewer_approves(
     task_id = await stack.submit(TaskSpec(goal="write add.py", roles=select_roles("planner,coder,reviewer")))
     async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
         runner = TaskRunner(
-            stack.journal, stack.artifacts, pool, ScriptedModel(script), "w", RunnerConfig(lease_s=5)
+            stack.journal,
+            stack.artifacts,
+            pool,
+            scripted(script),
+            "w",
+            RunnerConfig(lease_s=5),
         )
         worker = AgentWorker(stack.bus, runner, WorkerConfig(max_in_flight=1, poll_s=0.2))
         await worker.serve(asyncio.Event(), exit_when_idle=True)

@@ -12,17 +12,18 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.agents.scripts import expected_effects, write_script
-from tether.agents.model import ModelError, ModelReply, ModelRequest, ScriptedModel
+from tests.agents.scripts import expected_effects, scripted, write_script
 from tether.agents.replay import OUTCOME_UNKNOWN
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import Limits, RoleSpec, TaskSpec
 from tether.agents.worker import AgentWorker, WorkerConfig
-from tether.chat import JsonDict, ToolSpec
+from tether.chat import ChatRequest, Completion, JsonDict, ToolSpec
+from tether.chat.completion import ModelError
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import StepStatus, TaskStatus
 from tether.store.artifacts import ArtifactStore
+from tether.testing.scripted import ScriptedClient
 from tether.tools import BUILTIN_TOOLS, SHELL, ReplayPolicy, Tool, Toolbox, Workspace
 
 
@@ -72,7 +73,7 @@ async def drain(stack: AgentStack, runner: TaskRunner) -> None:
 async def test_a_task_runs_to_the_end_with_every_step_committed(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path
 ) -> None:
-    model = ScriptedModel(write_script(tmp_path / "script.jsonl", steps=5))
+    model = scripted(write_script(tmp_path / "script.jsonl", steps=5))
     task_id = await stack.submit(TaskSpec(goal="write notes", files={"seed.txt": "x"}))
     await drain(stack, runner_for(stack, pool, model))
     task = stack.journal.get_task(task_id)
@@ -105,7 +106,7 @@ class CrashOnce:
 async def test_a_crash_after_a_side_effect_does_not_repeat_it_on_resume(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path, snapshot_every: int
 ) -> None:
-    model = ScriptedModel(write_script(tmp_path / "script.jsonl", steps=7))
+    model = scripted(write_script(tmp_path / "script.jsonl", steps=7))
     task_id = await stack.submit(TaskSpec(goal="g", snapshot_every=snapshot_every), task_id="crashy")
     crash = CrashOnce(SHELL, "crashy:4:0")
     tools = Toolbox(replace(tool, function=crash) if tool is SHELL else tool for tool in BUILTIN_TOOLS)
@@ -129,10 +130,10 @@ async def test_a_crash_after_a_side_effect_does_not_repeat_it_on_resume(
 class FailingModel:
     """Answers from a script but fails once at one step, as a flaky endpoint would."""
 
-    def __init__(self, inner: ScriptedModel, fail_at: int) -> None:
+    def __init__(self, inner: ScriptedClient, fail_at: int) -> None:
         self.inner, self.fail_at, self.name, self.calls = inner, fail_at, "flaky", 0
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ChatRequest) -> Completion:
         self.calls += 1
         if request.step_no == self.fail_at and self.calls == self.fail_at + 1:
             raise ModelError("HTTP 503")
@@ -145,7 +146,7 @@ class FailingModel:
 async def test_a_failed_model_call_resumes_at_that_step_without_redoing_earlier_ones(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path
 ) -> None:
-    model = FailingModel(ScriptedModel(write_script(tmp_path / "script.jsonl", steps=4)), fail_at=2)
+    model = FailingModel(scripted(write_script(tmp_path / "script.jsonl", steps=4)), fail_at=2)
     task_id = await stack.submit(TaskSpec(goal="g"))
     runner = runner_for(stack, pool, model)
     with pytest.raises(ModelError):
@@ -167,7 +168,7 @@ async def test_a_failed_model_call_resumes_at_that_step_without_redoing_earlier_
 async def test_budgets_stop_a_task(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path, limits: Limits, error: str
 ) -> None:
-    model = ScriptedModel(write_script(tmp_path / "script.jsonl", steps=10))
+    model = scripted(write_script(tmp_path / "script.jsonl", steps=10))
     task_id = await stack.submit(TaskSpec(goal="g", limits=limits))
     assert await runner_for(stack, pool, model).run(task_id) is TaskStatus.FAILED
     assert error in (stack.journal.get_task(task_id).error or "")
@@ -183,7 +184,7 @@ async def test_bad_tool_calls_become_observations_the_model_can_read(
         '{"content": "giving up"}\n'
     )
     task_id = await stack.submit(TaskSpec(goal="g"))
-    assert await runner_for(stack, pool, ScriptedModel(script)).run(task_id) is TaskStatus.SUCCEEDED
+    assert await runner_for(stack, pool, scripted(script)).run(task_id) is TaskStatus.SUCCEEDED
     first = stack.journal.steps(task_id)[0]
     assert first.tool_calls[0].observation == {
         "content": "unknown tool 'rm_rf'; available: shell, python, write_file, read_file, finish",
@@ -201,7 +202,7 @@ async def test_bad_tool_calls_become_observations_the_model_can_read(
 async def test_cancel_stops_a_queued_task_before_it_runs(
     stack: AgentStack, pool: SandboxPool, tmp_path: Path
 ) -> None:
-    model = ScriptedModel(write_script(tmp_path / "script.jsonl", steps=3))
+    model = scripted(write_script(tmp_path / "script.jsonl", steps=3))
     task_id = await stack.submit(TaskSpec(goal="g"))
     stack.journal.request_cancel(task_id)
     await drain(stack, runner_for(stack, pool, model))
@@ -254,7 +255,7 @@ async def test_external_effects_happen_once_across_a_crash_mid_call(
     tools = Toolbox((*BUILTIN_TOOLS, ledger.tool(policy, dedupe)))
     spec = TaskSpec(goal="pay 5", roles=(RoleSpec(name="agent", tools=("pay", "finish")),))
     task_id = await stack.submit(spec, task_id="payer")
-    runner = runner_for(stack, pool, ScriptedModel(script), tools)
+    runner = runner_for(stack, pool, scripted(script), tools)
     with pytest.raises(ModelError, match="in flight"):
         await runner.run(task_id)
     assert await runner.run(task_id) is TaskStatus.SUCCEEDED
@@ -264,14 +265,14 @@ async def test_external_effects_happen_once_across_a_crash_mid_call(
     assert call.executions == (1 if policy is ReplayPolicy.EXTERNAL_AT_MOST_ONCE else 2)
 
 
-class Stalls(ScriptedModel):
+class Stalls(ScriptedClient):
     """Blocks inside the model call of one step until released, like a worker frozen by a long GC pause."""
 
     def __init__(self, path: Path, at_step: int) -> None:
-        super().__init__(path)
+        super().__init__(scripted(path).replies)
         self.at_step, self.stalled, self.release = at_step, asyncio.Event(), asyncio.Event()
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ChatRequest) -> Completion:
         if request.step_no == self.at_step:
             self.stalled.set()
             await self.release.wait()
@@ -288,7 +289,7 @@ async def test_a_stalled_worker_that_was_taken_over_writes_nothing_more(
     await asyncio.wait_for(stalled.stalled.wait(), 30)
     stack.journal.requeue(task_id)  # an operator's `agent resume`: take the task over now
     second = TaskRunner(
-        stack.journal, stack.artifacts, pool, ScriptedModel(script), "w-2", RunnerConfig(lease_s=2)
+        stack.journal, stack.artifacts, pool, scripted(script), "w-2", RunnerConfig(lease_s=2)
     )
     assert await second.run(task_id) is TaskStatus.SUCCEEDED
     stalled.release.set()

@@ -12,8 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
-from tests.agents.scripts import write_script
-from tether.agents.model import ScriptedModel
+from tests.agents.scripts import scripted, write_script
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import TaskSpec
@@ -31,7 +30,7 @@ async def test_a_run_is_traced_logged_and_counted(tmp_path: Path, caplog: pytest
     task_id = await stack.submit(TaskSpec(goal="g"))
     caplog.set_level(logging.INFO, logger="tether.agents")
     async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
-        model = ScriptedModel(write_script(tmp_path / "s.jsonl", steps=2))
+        model = scripted(write_script(tmp_path / "s.jsonl", steps=2))
         runner = TaskRunner(
             stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(), telemetry=telemetry
         )

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from tests.agents.scripts import write_script
-from tether.agents.model import ModelReply, ModelRequest, ScriptedModel
+from tests.agents.scripts import scripted, write_script
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import Limits, TaskSpec
 from tether.agents.worker import AgentWorker, WorkerConfig
+from tether.chat import ChatRequest, Completion
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import TaskStatus
+from tether.testing.scripted import ScriptedClient
 
 
 @pytest_asyncio.fixture
@@ -29,14 +30,14 @@ async def stack(tmp_path: Path) -> AsyncIterator[AgentStack]:
     await opened.close()
 
 
-class Gauge(ScriptedModel):
+class Gauge(ScriptedClient):
     """Counts how many tasks are inside a model call at once."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(path)
+        super().__init__(scripted(path).replies)
         self.now = self.peak = 0
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ChatRequest) -> Completion:
         self.now += 1
         self.peak = max(self.peak, self.now)
         await asyncio.sleep(0.05)
@@ -64,7 +65,7 @@ async def test_a_task_delivered_too_often_is_failed_not_retried_forever(
     task_id = await stack.submit(TaskSpec(goal="g"))
     (delivery,) = await stack.bus.receive(1, wait_s=1)
     async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
-        model = ScriptedModel(write_script(tmp_path / "s.jsonl", steps=1))
+        model = scripted(write_script(tmp_path / "s.jsonl", steps=1))
         runner = TaskRunner(stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(lease_s=5))
         worker = AgentWorker(stack.bus, runner, WorkerConfig(max_deliveries=3))
         await worker._handle(replace(delivery, attempt=4), asyncio.Event())
@@ -85,12 +86,12 @@ async def test_with_require_finish_a_chatty_reply_is_nudged_instead_of_ending(
     ]
     script.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    class Recording(ScriptedModel):
+    class Recording(ScriptedClient):
         def __init__(self, path: Path) -> None:
-            super().__init__(path)
-            self.requests: list[ModelRequest] = []
+            super().__init__(scripted(path).replies)
+            self.requests: list[ChatRequest] = []
 
-        async def complete(self, request: ModelRequest) -> ModelReply:
+        async def complete(self, request: ChatRequest) -> Completion:
             self.requests.append(request)
             return await super().complete(request)
 

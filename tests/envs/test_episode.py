@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tether.chat import JsonDict, ToolCall, ToolSpec
+from tether.chat.tool_format import HERMES
 from tether.envs.context import ScoringContext
 from tether.envs.episode import Environment, run_episode, scripted_policy
 from tether.envs.errors import EnvError
@@ -238,6 +239,7 @@ async def test_tools_run_and_submit_ends_the_episode() -> None:
     ("reply", "error"),
     [
         (call("nope", {}), "unknown tool 'nope'"),
+        (HERMES.parse("<tool_call>nope</tool_call>").message(), "your tool call could not be read"),
         (call("echo", "{not json"), "not valid JSON"),
         (call("echo", "[1, 2]"), "must be a JSON object"),
         (call("echo", {}), "arguments: 'text' is a required property"),

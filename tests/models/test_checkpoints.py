@@ -20,8 +20,7 @@ from typer.testing import CliRunner
 
 from tests.models.test_serve_smollm2 import free_port
 from tests.rl.fake_envs import fake_registry
-from tether.agents.engine_model import EngineModel
-from tether.agents.model import ModelRequest
+from tether.chat import ChatRequest
 from tether.cli.main import app
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import SequenceChunk
@@ -32,6 +31,7 @@ from tether.models.loader import resolve
 from tether.models.transformer import CausalLM
 from tether.rl.builders import build_trainer
 from tether.rl.config import parse_config
+from tether.serving.engine_client import EngineClient
 
 PROMPT = [5, 17, 42, 9, 100, 3, 77, 8]
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
@@ -200,17 +200,17 @@ def test_serve_refuses_a_run_without_checkpoints_naming_it(tmp_path: Path) -> No
     assert "has no checkpoints/ folder" in " ".join(result.output.split())  # rich wraps long lines
 
 
-def test_agent_engine_model_answers_from_a_run_checkpoint(
+def test_agent_engine_client_answers_from_a_run_checkpoint(
     runs: dict[str, TrainedRun], tmp_path: Path
 ) -> None:
-    """`tether agent run/resume` and `tether worker` reach the in-process engine through `EngineModel`."""
+    """`tether agent run/resume` and `tether worker` reach the in-process engine through `EngineClient`."""
     name = str(runs["lora"].run_dir / "checkpoints" / "latest")
 
     async def ask() -> dict[str, object]:
-        model = EngineModel(name, tmp_path, kv_cache_mib=8, device="cpu")
+        model = EngineClient(name, tmp_path, kv_cache_mib=8, device="cpu")
         try:
-            messages: list[dict[str, object]] = [{"role": "user", "content": "hi"}]
-            return (await model.complete(ModelRequest(messages, [], step_no=0, max_tokens=4))).message
+            request = ChatRequest([{"role": "user", "content": "hi"}], max_tokens=4)
+            return (await model.complete(request)).message
         finally:
             await model.close()
 

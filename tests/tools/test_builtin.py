@@ -1,16 +1,28 @@
-"""Each built-in tool in a real sandbox session, through the one workspace environments and agents share."""
+"""Each built-in tool in a real sandbox session, and the same tool objects behind an RL episode and a hosted
+agent task."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from tether.chat import ToolCall, ToolResult
+from tether.agents.runner import RunnerConfig, TaskRunner
+from tether.agents.service import AgentsConfig, AgentStack
+from tether.agents.task import TaskSpec
+from tether.chat import ToolCall, ToolResult, assistant_message
+from tether.envs.context import SandboxProvider, ScoringContext
+from tether.envs.episode import Environment, run_episode, scripted_policy
+from tether.envs.parsers import ANSWER_TAG
+from tether.envs.rubric import answer_rubric
+from tether.envs.tasks import ChatRenderer, Problem
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
-from tether.tools import BUILTIN_TOOLS, SandboxWorkspace
+from tether.store import TaskStatus
+from tether.testing.scripted import ScriptedClient
+from tether.tools import BUILTIN_TOOLS, PYTHON, READ_FILE, SHELL, SUBMIT, WRITE_FILE, SandboxWorkspace
 
 
 @pytest_asyncio.fixture
@@ -82,3 +94,59 @@ async def test_a_snapshot_brings_back_the_files_it_holds(workspace: SandboxWorks
     await workspace.restore(snapshot)
     listing, _ = await run(workspace, "shell", command="ls; cat keep.txt")
     assert "keep.txt" in listing.content and "v1" in listing.content
+
+
+CALLS = [
+    ("write_file", {"path": "notes.txt", "content": "v1\n"}),
+    ("shell", {"command": "cat notes.txt; echo v2 >> notes.txt"}),
+    ("read_file", {"path": "notes.txt"}),
+    ("python", {"code": "print(len(open('notes.txt').read()))"}),
+]
+
+
+class Source:
+    def problem(self, seed: int) -> Problem:
+        return Problem("Take notes.", "done")
+
+
+async def episode_results() -> list[str]:
+    env = Environment(
+        "test/notes",
+        Source(),
+        ChatRenderer("Take notes with the tools."),
+        ANSWER_TAG,
+        answer_rubric(lambda inp: 1.0),
+        tools=(WRITE_FILE, SHELL, READ_FILE, PYTHON, SUBMIT),
+        max_turns=len(CALLS) + 1,
+    )
+    calls = [*CALLS, ("submit", {"answer": "done"})]
+    replies = [
+        assistant_message("", [ToolCall(f"c{n}", name, json.dumps(arguments))])
+        for n, (name, arguments) in enumerate(calls)
+    ]
+    async with SandboxProvider(config=PoolConfig(slots=1)) as provider:
+        result = await run_episode(env, env.task(0), scripted_policy(replies), ScoringContext(provider))
+    assert result.score.answer == "done"
+    return [m["content"] for m in result.messages if m["role"] == "tool"][: len(CALLS)]
+
+
+async def agent_results(root: Path) -> list[str]:
+    stack = AgentStack(AgentsConfig.embedded(root))
+    lines = [{"tool_calls": [{"name": name, "arguments": arguments}]} for name, arguments in CALLS]
+    client = ScriptedClient([*lines, {"tool_calls": [{"name": "finish", "arguments": {"summary": "ok"}}]}])
+    try:
+        task_id = await stack.submit(TaskSpec(goal="take notes"))
+        async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
+            runner = TaskRunner(stack.journal, stack.artifacts, pool, client, "w", RunnerConfig())
+            assert runner.tools is BUILTIN_TOOLS and runner.tools.get("shell") is SHELL
+            assert await runner.run(task_id) is TaskStatus.SUCCEEDED
+        steps = stack.journal.steps(task_id)
+        return [str((call.observation or {})["content"]) for step in steps[:-1] for call in step.tool_calls]
+    finally:
+        await stack.close()
+
+
+async def test_an_episode_and_an_agent_task_get_the_same_results_from_the_same_tools(tmp_path: Path) -> None:
+    from_episode = await episode_results()
+    assert from_episode[1] == "status: ok\nexit code: 0\nstdout:\nv1\n"
+    assert from_episode == await agent_results(tmp_path / "agents")

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tether.chat import JsonDict, ToolCall, ToolSpec
+from tether.chat import JsonDict, ToolCall, ToolSpec, tool_calls_of
+from tether.chat.tool_format import HERMES, MALFORMED_TOOL
 from tether.tools import BUILTIN_TOOLS, SHELL, NoWorkspace, Tool, Toolbox, ToolError, Workspace
 
 NO_SANDBOX = NoWorkspace("no sandbox in this test")
@@ -142,3 +143,13 @@ def test_only_keeps_the_named_tools_in_the_order_given() -> None:
         "finish",
         "handoff",
     )
+
+
+async def test_a_call_the_parser_could_not_read_is_answered_with_its_error() -> None:
+    reply = HERMES.parse('Running it.\n<tool_call>{"name": "echo", "arguments": {"text": "hi"</tool_call>')
+    (malformed,) = tool_calls_of(reply.message())
+    assert malformed.name == MALFORMED_TOOL
+    result, ends = await Toolbox((ECHO,)).call(NO_SANDBOX, malformed)
+    assert result.error and not ends
+    assert result.content.startswith("error: your tool call could not be read (not valid JSON")
+    assert result.message()["tool_call_id"] == malformed.id

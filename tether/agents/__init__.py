@@ -1,4 +1,5 @@
-"""Durable long-horizon agents: tasks driven step by step through a model and sandbox tools, every step
+"""Durable long-horizon agents: tasks driven step by step through a model (any `tether.chat.ChatClient`,
+tools sent as OpenAI `tools` and called natively) and the sandbox tools of `tether.tools`, every step
 journaled before it is acted on, resumable by any worker after any crash.
 
 The public names are loaded on first use, so that a command needing one light module (the task
@@ -11,14 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.agents.model import (
-        ChatModel,
-        ModelReply,
-        ModelRequest,
-        OpenAIChatModel,
-        ScriptedModel,
-        open_model,
-    )
     from tether.agents.roles import PRESET_ROLES, select_roles
     from tether.agents.runner import RunnerConfig, TaskRunner
     from tether.agents.service import AgentsConfig, AgentStack
@@ -30,21 +23,15 @@ _EXPORTS = {
     "AgentStack": "tether.agents.service",
     "AgentWorker": "tether.agents.worker",
     "AgentsConfig": "tether.agents.service",
-    "ChatModel": "tether.agents.model",
     "ContextSpec": "tether.agents.task",
     "Limits": "tether.agents.task",
-    "ModelReply": "tether.agents.model",
-    "ModelRequest": "tether.agents.model",
-    "OpenAIChatModel": "tether.agents.model",
     "PRESET_ROLES": "tether.agents.roles",
     "RoleSpec": "tether.agents.task",
     "RunnerConfig": "tether.agents.runner",
-    "ScriptedModel": "tether.agents.model",
     "TaskRunner": "tether.agents.runner",
     "TaskSpec": "tether.agents.task",
     "Telemetry": "tether.agents.telemetry",
     "WorkerConfig": "tether.agents.worker",
-    "open_model": "tether.agents.model",
     "select_roles": "tether.agents.roles",
 }
 
@@ -53,20 +40,14 @@ __all__ = [
     "AgentStack",
     "AgentWorker",
     "AgentsConfig",
-    "ChatModel",
     "ContextSpec",
     "Limits",
-    "ModelReply",
-    "ModelRequest",
-    "OpenAIChatModel",
     "RoleSpec",
     "RunnerConfig",
-    "ScriptedModel",
     "TaskRunner",
     "TaskSpec",
     "Telemetry",
     "WorkerConfig",
-    "open_model",
     "select_roles",
 ]
 

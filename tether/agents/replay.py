@@ -104,15 +104,6 @@ def parse_arguments(raw: object) -> JsonDict | str:
     )
 
 
-def calls_of(message: JsonDict) -> list[tuple[str, object]]:
-    """(tool name, raw arguments) for each tool call in an assistant message."""
-    calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {} if isinstance(call, dict) else {}
-        calls.append((str(function.get("name", "")), function.get("arguments", "{}")))
-    return calls
-
-
 def step_outcome(
     step: StepRecord, tools: Toolbox, hands_off_to: tuple[str, ...], require_finish: bool = False
 ) -> StepOutcome:

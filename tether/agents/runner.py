@@ -20,14 +20,12 @@ from pydantic import ValidationError
 from tether.agents.context import build_messages, folded_count, recall_items, recall_query
 from tether.agents.loops import last_mark
 from tether.agents.memory import Embedder, ObservationMemory
-from tether.agents.model import ChatModel, ModelRequest
 from tether.agents.replay import (
     OUTCOME_UNKNOWN,
     CallAction,
     Outcome,
     StepOutcome,
     call_of,
-    calls_of,
     observation_of,
     parse_arguments,
     plan_resume,
@@ -37,7 +35,7 @@ from tether.agents.replay import (
 )
 from tether.agents.task import TaskSpec
 from tether.agents.telemetry import Telemetry
-from tether.chat import ToolCall
+from tether.chat import ChatClient, ChatRequest, ToolCall
 from tether.sandbox.pool import SandboxPool
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal, LeaseLost
@@ -66,7 +64,7 @@ class TaskRunner:
         journal: Journal,
         artifacts: ArtifactStore,
         pool: SandboxPool,
-        model: ChatModel,
+        model: ChatClient,
         owner: str,
         config: RunnerConfig | None = None,
         tools: Toolbox | None = None,
@@ -261,36 +259,40 @@ class TaskRunner:
         step_no = len(steps)
         role_spec = spec.role(role)
         messages = build_messages(spec, role_spec, steps, await self._recall(spec, steps))
-        schemas = [spec.openai() for spec in self.tools.only(role_spec.tools).specs()]
+        request = ChatRequest(
+            messages,
+            tools=self.tools.only(role_spec.tools).specs(),
+            max_tokens=spec.limits.max_output_tokens,
+            step_no=step_no,
+        )
         started = self._clock()
         with self.telemetry.span("agent.model", task_id=task_id, step_no=step_no, role=role):
             clock = time.perf_counter()
-            reply = await self.model.complete(
-                ModelRequest(messages, schemas, step_no, spec.limits.max_output_tokens)
-            )
+            completion = await self.model.complete(request)
             self.telemetry.model_seconds.observe(time.perf_counter() - clock)
         done = self._clock()
         intents = []
-        for index, (name, raw) in enumerate(calls_of(reply.message)):
-            arguments = parse_arguments(raw)
+        for index, call in enumerate(completion.tool_calls):
+            arguments = parse_arguments(call.arguments)
             intents.append(
                 ToolCallRecord(
                     idempotency_key=idempotency_key(task_id, step_no, index),
                     task_id=task_id,
                     step_no=step_no,
                     call_index=index,
-                    tool=name,
+                    tool=call.name,
                     arguments=arguments if isinstance(arguments, dict) else {"_invalid": arguments},
                     intent_at=done,
                 )
             )
+        usage = completion.usage
         record = StepRecord(
             task_id=task_id,
             step_no=step_no,
             epoch=epoch,
             role=role,
-            message=reply.message,
-            usage=reply.usage,
+            message=completion.message,
+            usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
             messages_in=len(messages),
             messages_in_digest=messages_digest(messages),
             started_at=started,

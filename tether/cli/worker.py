@@ -27,9 +27,9 @@ from tether.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from tether.agents.model import ChatModel
     from tether.agents.service import AgentsConfig
     from tether.agents.worker import WorkerConfig
+    from tether.chat import ChatClient
 
 HomeOption = Annotated[
     Path | None, typer.Option("--home", help="Embedded state directory (default: $TETHER_HOME/agents).")
@@ -113,7 +113,7 @@ def stop_on_interrupt(stop: asyncio.Event, notice: str) -> None:
 async def run_worker(
     cli: CliState,
     config: AgentsConfig,
-    model: ChatModel,
+    model: ChatClient,
     worker_config: WorkerConfig,
     stop: asyncio.Event,
     exit_when_idle: bool = False,
@@ -187,8 +187,8 @@ def worker_command(
 
     A first SIGINT/SIGTERM lets each running task finish its step, a second stops at once; either way every
     task resumes from its journal."""
-    from tether.agents.model import open_model
     from tether.agents.worker import WorkerConfig
+    from tether.serving.engine_client import open_client
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cli = state(ctx)
@@ -197,7 +197,7 @@ def worker_command(
             cli, visibility_timeout_s, lease_s
         )
 
-        chat_model = open_model(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
+        chat_model = open_client(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
 
         async def main() -> int:
             stop = asyncio.Event()

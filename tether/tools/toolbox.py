@@ -1,5 +1,6 @@
 """`Toolbox`: the tools one episode or one agent role may call, by name, and the one place a model's call is
-checked before it runs (unknown tool, malformed call, arguments that do not fit the schema).
+checked before it runs (a block the parser could not read, an unknown tool, arguments that do not fit
+the schema).
 
 Checking is separate from running so that a durable runner can journal that a call is about to run
 between the two; an environment simply does both (`call`). The toolbox never raises for the model's
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from tether.chat import JsonDict, ToolCall, ToolResult, ToolSpec
+from tether.chat.tool_format import MALFORMED_TOOL, malformed_result
 from tether.tools.tool import Tool, ToolError, refusal
 from tether.tools.workspace import Workspace
 
@@ -47,7 +49,10 @@ class Toolbox:
         return Toolbox(self._tools[name] for name in names if name in self._tools)
 
     def check(self, call: ToolCall) -> tuple[Tool, JsonDict]:
-        """The tool a call names and its checked arguments; ToolError (for the model) when either is wrong."""
+        """The tool a call names and its checked arguments; ToolError (for the model) when either is wrong,
+        or when the call is a block the tool-call parser could not read (`MALFORMED_TOOL`)."""
+        if call.name == MALFORMED_TOOL:
+            raise ToolError(malformed_result(call).content)
         tool = self._tools.get(call.name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
