@@ -32,7 +32,7 @@ class EngineClient(OpenAIClient):
         from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
         from tether.engine.llm_engine import LLMEngine
         from tether.models import configure_threads
-        from tether.models.cache import pull
+        from tether.models.loader import resolve
         from tether.models.precision import DType, resolve_device
         from tether.serving.app import create_app
 
@@ -40,7 +40,7 @@ class EngineClient(OpenAIClient):
         on_cpu = where.type == "cpu"
         if on_cpu:  # CPU threads matter only where the model computes on them
             configure_threads()
-        folder = Path(name) if Path(name).is_dir() else pull(name, cache_dir)
+        folder = resolve(name, cache_dir)  # a registered name, a model folder or a run's checkpoint
         engine, tokenizer = LLMEngine.from_pretrained(
             folder, kv_cache_mib=kv_cache_mib, device=where, dtype=kind.torch, adapt_threads=on_cpu
         )
@@ -61,9 +61,11 @@ def open_client(
     device: str = "auto",
     dtype: str = "float32",
     api_key: str | None = None,
+    kv_cache_mib: int = 256,
 ) -> ChatClient:
     """`scripted:FILE`, a server at `base_url` (`model` names what to ask it for), or an engine in process
-    on `device` in `dtype` (`tether.models.precision`; the other two ignore them)."""
+    on `device` in `dtype` (`tether.models.precision`) with `kv_cache_mib` of KV cache (the other two
+    ignore those)."""
     if model and model.startswith("scripted:"):
         if base_url:
             raise ConfigError("--model scripted:FILE replays a file; do not also give --base-url")
@@ -72,4 +74,4 @@ def open_client(
         return OpenAIClient(base_url, model or "default", api_key=api_key)
     if not model:
         raise ConfigError("no model: give --model NAME, --model scripted:FILE or --base-url URL")
-    return EngineClient(model, cache_dir, device=device, dtype=dtype)
+    return EngineClient(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype)
