@@ -15,7 +15,7 @@ from tests.agents.scripts import scripted
 from tether.agents.roles import select_roles
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
-from tether.agents.task import TaskSpec
+from tether.agents.task import Limits, TaskSpec
 from tether.agents.worker import AgentWorker, WorkerConfig
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import TaskStatus
@@ -101,3 +101,26 @@ async def test_roles_hand_the_task_around_until_the_reviewer_approves(
     assert steps[4].tool_calls[0].observation["content"].endswith("stdout:\n4\n")  # type: ignore[index]
     assert worker.finished == 1 and await stack.bus.depth() == 0
     assert snapshot_files(stack.artifacts, steps[-1].snapshot_key)["add.py"].endswith(b"a + b\n")
+
+
+async def test_a_handoff_to_a_role_not_allowed_is_refused_and_the_role_keeps_the_task(
+    stack: AgentStack, tmp_path: Path
+) -> None:
+    script = tmp_path / "skip.jsonl"
+    lines = [
+        {"tool_calls": [handoff("reviewer", "skip the coder")]},
+        {"tool_calls": [handoff("coder", "write add.py")]},
+    ]
+    script.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    roles = select_roles("planner,coder,reviewer")
+    task_id = await stack.submit(TaskSpec(goal="write add.py", roles=roles, limits=Limits(max_steps=2)))
+    async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
+        runner = TaskRunner(stack.journal, stack.artifacts, pool, scripted(script), "w", RunnerConfig())
+        assert await runner.run(task_id) is TaskStatus.QUEUED  # handed to the coder at step 1
+    first, second = stack.journal.steps(task_id)
+    assert first.tool_calls[0].observation == {
+        "content": "cannot hand off to 'reviewer'; this role may hand off to: coder",
+        "error": True,
+    }
+    assert first.tool_calls[0].executions == 0
+    assert (first.role, second.role) == ("planner", "planner")

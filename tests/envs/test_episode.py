@@ -316,7 +316,11 @@ async def test_long_tool_output_is_truncated() -> None:
 
 @pytest.mark.parametrize(
     "reply",
-    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}],
+    [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": 5},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]},
+    ],
 )
 async def test_malformed_replies_are_refused(reply: dict[str, Any]) -> None:
     env = multi_turn()

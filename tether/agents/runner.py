@@ -47,7 +47,7 @@ from tether.store.records import (
     idempotency_key,
     messages_digest,
 )
-from tether.tools import BUILTIN_TOOLS, ReplayPolicy, SandboxWorkspace, Toolbox, ToolError, refusal
+from tether.tools import BUILTIN_TOOLS, HANDOFF, ReplayPolicy, SandboxWorkspace, Toolbox, ToolError, refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +321,7 @@ class TaskRunner:
                     observations[call.idempotency_key] = OUTCOME_UNKNOWN
                     continue
                 observations[call.idempotency_key] = await self._call_tool(
-                    workspace, epoch, call_of(step, call), call, allowed
+                    workspace, epoch, call_of(step, call), call, allowed, hands_off.get(step.role, ())
                 )
             provisional = tuple(
                 call
@@ -351,11 +351,18 @@ class TaskRunner:
         request: ToolCall,
         call: ToolCallRecord,
         allowed: Toolbox,
+        hands_off_to: tuple[str, ...],
     ) -> JsonDict:
         """Check the call against the role's tools, journal that it starts, run it; the model's mistakes
-        (unknown tool, bad arguments) become error observations and never start."""
+        (unknown tool, bad arguments, a hand-off to a role it may not pass to) become error observations
+        and never start."""
         try:
             tool, arguments = allowed.check(request)
+            if tool.name == HANDOFF.name and arguments["to"] not in hands_off_to:
+                raise ToolError(
+                    f"cannot hand off to {arguments['to']!r}; this role may hand off to: "
+                    f"{', '.join(hands_off_to) or 'no one'}"
+                )
         except ToolError as error:
             return observation_of(refusal(request, str(error)))
         self.journal.mark_started(call.task_id, epoch, call.idempotency_key)

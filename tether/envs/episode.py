@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.chat import ChatError, Message, Messages, ToolCall, ToolResult, message_text
+from tether.chat import ChatError, Message, Messages, ToolCall, ToolResult, message_text, tool_calls_of
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
 from tether.envs.scoring import EpisodeState, RewardInput, Rubric, Score
@@ -167,16 +167,16 @@ class Episode:
         if reply.get("role", "assistant") != "assistant":
             raise EnvError(f"a step takes an assistant message, got role {reply.get('role')!r}")
         try:
-            message_text(reply)  # rejects malformed content early
+            message_text(reply)  # rejects malformed content and tool calls early
+            calls = tool_calls_of(reply)
         except ChatError as error:
             raise EnvError(f"a step takes a well-formed assistant message: {error}") from None
         state = self.state
         state.messages.append({**reply, "role": "assistant"})
         state.turns += 1
-        raw_calls = reply.get("tool_calls") or []
         results: Messages = []
-        for index, raw in enumerate(raw_calls if len(self._tools) else []):
-            result, ends = await self._call(ToolCall.from_openai(raw, index))
+        for call in calls if len(self._tools) else []:
+            result, ends = await self._call(call)
             results.append(result.message())
             state.tool_calls += 1
             if ends:

@@ -43,6 +43,8 @@ from tether.tools.workspace import Workspace
 
 
 class ReplayPolicy(StrEnum):
+    """How a resumed agent step treats a call a crash interrupted (the guarantees above)."""
+
     READ_ONLY = "read_only"
     WORKDIR = "workdir"
     EXTERNAL_IDEMPOTENT = "external_idempotent"
