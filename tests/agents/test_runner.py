@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import tarfile
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -18,8 +19,9 @@ from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import Limits, RoleSpec, TaskSpec
 from tether.agents.worker import AgentWorker, WorkerConfig
-from tether.chat import ChatRequest, Completion, JsonDict, ToolSpec
+from tether.chat import ChatRequest, Completion, JsonDict, ToolSpec, tool_calls_of
 from tether.chat.completion import ModelError
+from tether.chat.tool_format import HERMES
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import StepStatus, TaskStatus
 from tether.store.artifacts import ArtifactStore
@@ -197,6 +199,23 @@ async def test_bad_tool_calls_become_observations_the_model_can_read(
         and "accepted: command (string, required)" in refused["content"]
     )
     assert all(call.executions == 0 for call in first.tool_calls)
+
+
+async def test_a_call_the_parser_could_not_read_is_answered_with_its_error(
+    stack: AgentStack, pool: SandboxPool, tmp_path: Path
+) -> None:
+    """What an engine's tool-call parser gives for a broken block (`tether.chat.tool_format`)."""
+    reply = HERMES.parse('<tool_call>{"name": "shell", "arguments": {"command": "ls"</tool_call>').message()
+    (broken,) = tool_calls_of(reply)
+    line = {"tool_calls": [{"name": broken.name, "arguments": broken.parsed_arguments()}]}
+    script = tmp_path / "s.jsonl"
+    script.write_text(json.dumps(line) + "\n" + '{"content": "giving up"}\n')
+    task_id = await stack.submit(TaskSpec(goal="g"))
+    assert await runner_for(stack, pool, scripted(script)).run(task_id) is TaskStatus.SUCCEEDED
+    (call,) = stack.journal.steps(task_id)[0].tool_calls
+    observation = call.observation or {}
+    assert observation["error"] and call.executions == 0
+    assert observation["content"].startswith("error: your tool call could not be read (not valid JSON")
 
 
 async def test_cancel_stops_a_queued_task_before_it_runs(
