@@ -53,15 +53,11 @@ def observation_of(result: ToolResult) -> JsonDict:
     return {"content": result.content, "error": result.error}
 
 
-OUTCOME_UNKNOWN = observation_of(
-    ToolResult(
-        "",
-        "",
-        "outcome unknown: the worker stopped during this call and the tool may not be run twice; "
-        "check its effect before retrying",
-        error=True,
-    )
-)
+OUTCOME_UNKNOWN: JsonDict = {
+    "content": "outcome unknown: the worker stopped during this call and the tool may not be run twice; "
+    "check its effect before retrying",
+    "error": True,
+}
 
 
 def call_of(step: StepRecord, call: ToolCallRecord) -> ToolCall:

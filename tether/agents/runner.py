@@ -248,9 +248,8 @@ class TaskRunner:
         for call in reapply:  # committed after the checkpoint: rebuild their effects, keep their observations
             tool = self.tools.get(call.tool)
             assert tool is not None  # plan_resume re-applies only calls of known tools
-            with contextlib.suppress(
-                ToolError
-            ):  # a call that failed then fails again: its effect is the same
+            # A call that failed when it first ran fails again here, with the same effect on the workdir.
+            with contextlib.suppress(ToolError):
                 await tool.function(workspace, call.arguments, call.idempotency_key)
 
     async def _model_step(
