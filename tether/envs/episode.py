@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.chat import ChatError, Message, Messages, ToolCall, ToolSpec, message_text
+from tether.chat.tool_format import MALFORMED_TOOL, malformed_result
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
 from tether.envs.scoring import EpisodeState, RewardInput, Rubric, Score
@@ -207,6 +208,8 @@ class Episode:
         return results
 
     async def _call(self, call: ToolCall) -> tuple[str, bool]:
+        if call.name == MALFORMED_TOOL:  # a block the model meant as a call: it learns what was wrong
+            return malformed_result(call).content, False
         tool = self._tools.get(call.name)
         if tool is None:
             return f"error: unknown tool {call.name!r}; available: {', '.join(self._tools)}", False
