@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tether.chat import Message, ToolCall, ToolSpec
+from tether.chat import ChatError, Message, ToolCall, ToolSpec
 from tether.chat.template import ChatTemplate
 from tether.chat.tool_format import HERMES, MALFORMED_TOOL
 from tether.engine.llm_engine import LLMEngine, RequestOutput
@@ -282,6 +282,29 @@ def test_the_default_reply_parser_steps_episodes_with_the_templates_format(
     for rollout in rollouts:
         assert rollout.error is None and len(rollout.turns) == 1
         assert rollout.transcript[-1] == {"role": "assistant", "content": rollout.text.strip()}
+
+
+def test_a_template_with_an_unknown_tool_format_is_refused_before_any_episode_starts(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8)
+    # Renders tools, but has the model write calls in a way no format in tether.chat.tool_format reads.
+    tokenizer.chat_template = (
+        "{% if tools %}[TOOLS]{{ tools | tojson }}[/TOOLS]{% endif %}{% for m in messages %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    started: list[str] = []
+    start = Environment.start
+
+    async def spy(env: Environment, task: Task, ctx: ScoringContext) -> Any:
+        started.append(task.env)
+        return await start(env, task, ctx)
+
+    monkeypatch.setattr(Environment, "start", spy)
+    driver = EpisodeDriver(engine, tokenizer, registry(), SamplingParams(max_tokens=4), always_note)
+    with pytest.raises(ChatError, match="renders tools in a format tether does not parse"):
+        asyncio.run(driver.run([PromptPlan("test/notes2", 1, 0, 3)], ScoringContext()))
+    assert started == [] and not engine.has_unfinished()
 
 
 def test_observation_suffix_is_what_the_template_renders(tiny_model: Callable[[str], Path]) -> None:

@@ -163,11 +163,15 @@ class EpisodeDriver:
     async def run(self, plans: Sequence[PromptPlan], ctx: ScoringContext) -> tuple[list[Task], list[Rollout]]:
         """Every plan's n episodes, scored; rollouts come n per plan, in plan order."""
         tasks = [self.registry.get(plan.env).task(plan.seed) for plan in plans]
+        # Rendered before any episode opens a session: a template that cannot render the tools fails here.
+        prompts = [encode_prompt(self.template, task) for task in tasks]
         slots = [
-            (plan, task, i) for plan, task in zip(plans, tasks, strict=True) for i in range(self.params.n)
+            (plan, task, prompt, i)
+            for plan, task, prompt in zip(plans, tasks, prompts, strict=True)
+            for i in range(self.params.n)
         ]
         started = await asyncio.gather(
-            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _ in slots),
+            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _, _ in slots),
             return_exceptions=True,
         )
         episodes = [e for e in started if isinstance(e, Episode)]
@@ -175,8 +179,8 @@ class EpisodeDriver:
             await asyncio.gather(*(e.close() for e in episodes), return_exceptions=True)
             raise next(e for e in started if isinstance(e, BaseException))
         live = [
-            _Live(plan, i, task, episode, encode_prompt(self.template, task))
-            for (plan, task, i), episode in zip(slots, episodes, strict=True)
+            _Live(plan, i, task, episode, list(prompt))
+            for (plan, task, prompt, i), episode in zip(slots, episodes, strict=True)
         ]
         in_engine: dict[str, _Live] = {}
         stepping: set[asyncio.Task[None]] = set()
