@@ -1,11 +1,10 @@
-"""Episodes calling the built-in tools in a real sandbox session, and the text convention for tool calls."""
+"""Episodes calling the built-in tools (`tether.tools`) in a real sandbox session."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 
-import pytest
 import pytest_asyncio
 
 from tether.chat import ToolCall
@@ -15,7 +14,6 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric
 from tether.envs.scoring import EpisodeState
 from tether.envs.tasks import ChatRenderer, Problem
-from tether.envs.tools import parse_text_tool_calls, text_tool_prompt
 from tether.sandbox.pool import PoolConfig
 from tether.tools import PYTHON, SHELL, SUBMIT
 
@@ -96,36 +94,3 @@ async def test_each_episode_gets_a_fresh_session(ctx: ScoringContext) -> None:
     result = await run_episode(environment, environment.task(2), scripted_policy(second), ctx.child())
     listing = result.messages[3]["content"]
     assert "secret.txt" in listing and "junk.txt" not in listing
-
-
-@pytest.mark.parametrize(
-    ("text", "calls", "content"),
-    [
-        ("just text", [], "just text"),
-        (
-            'Let me look.\n<tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>',
-            [("shell", {"command": "ls"})],
-            "Let me look.",
-        ),
-        (
-            '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"}</tool_call>',
-            [("a", {}), ("b", {})],
-            "",
-        ),
-        ("<tool_call>not json</tool_call>", [("invalid", {"text": "not json"})], ""),
-        ('<tool_call>{"arguments": {}}</tool_call>', [("invalid", {"text": '{"arguments": {}}'})], ""),
-    ],
-)
-def test_text_tool_calls_become_openai_tool_calls(
-    text: str, calls: list[tuple[str, dict[str, object]]], content: str
-) -> None:
-    message = parse_text_tool_calls(text)
-    assert message["content"] == content
-    parsed = [ToolCall.from_openai(raw) for raw in message.get("tool_calls", [])]
-    assert [(call.name, call.parsed_arguments()) for call in parsed] == calls
-
-
-def test_the_text_tool_prompt_lists_every_tool() -> None:
-    prompt = text_tool_prompt(env().tool_specs())
-    for name in ("python", "shell", "submit"):
-        assert f'"name": "{name}"' in prompt

@@ -14,7 +14,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tether.chat import JsonDict, Message, ToolCall, ToolSpec
+from tether.chat import ChatError, JsonDict, Message, ToolCall, ToolSpec
+from tether.chat.template import ChatTemplate
+from tether.chat.tool_format import HERMES, MALFORMED_TOOL
 from tether.engine.llm_engine import LLMEngine, RequestOutput
 from tether.engine.sampling import SamplingParams
 from tether.envs.context import ScoringContext
@@ -26,9 +28,9 @@ from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.models import load
 from tether.rl.builders import learner_options
 from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
-from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble
+from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble, template_reply
 from tether.rl.learner import Learner
-from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts
+from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts, task_tools
 from tether.rl.sources import EngineRollouts
 from tether.rl.trainer import Trainer, to_samples
 from tether.tools import SUBMIT, Tool, Workspace
@@ -36,6 +38,31 @@ from tether.tools import SUBMIT, Tool, Workspace
 from .fake_envs import letters_env
 
 TEMPLATE_END = "<|im_end|>"
+# A tools-aware template in the style of Qwen2.5's: tools listed in the system turn, calls in <tool_call>
+# blocks, consecutive results in one user turn of <tool_response> blocks.
+QWEN_STYLE_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    '{{- \'\\n</tools>\\nWrite each call as <tool_call>{"name": ..., "arguments": ...}</tool_call>.\' }}'
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif not (m['role'] == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+    "{%- for call in m.get('tool_calls', []) %}"
+    "{{- '\\n<tool_call>\\n' + (call['function'] | tojson) + '\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +213,103 @@ def test_many_episodes_train_on_exactly_the_generated_tokens(
     assert engine.has_unfinished() is False
 
 
+def test_a_tools_aware_template_gets_the_tools_natively_token_in_token_out(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=2)
+    tokenizer.chat_template = QWEN_STYLE_TEMPLATE
+    template = ChatTemplate(tokenizer)
+    assert template.native_tools and template.tool_format() is HERMES
+    log = EngineLog(engine, monkeypatch)
+    reg = registry()
+    plans = [PromptPlan("test/notes5", 1, 0, 7), PromptPlan("test/vowels", 2, 1, 8)]
+    driver = EpisodeDriver(
+        engine, tokenizer, reg, SamplingParams(max_tokens=8, temperature=1.0, n=2), always_note
+    )
+    tasks, rollouts = asyncio.run(driver.run(plans, ScoringContext()))
+    notes = tasks[0]
+    first = str(tokenizer.decode(rollouts[0].prompt_ids))
+    assert first == template.render(notes.messages, task_tools(notes))
+    assert first.startswith("<|im_start|>system\nYou keep notes with tools.\n\n# Tools\n<tools>\n")
+    assert json.dumps(notes.tools[0]) in first  # the template's own listing, not the text convention's
+    assert "You may call functions" not in first
+    # A task without tools renders as the template alone.
+    assert str(tokenizer.decode(rollouts[2].prompt_ids)) == template.render(tasks[1].messages)
+    assert [len(r.turns) for r in rollouts] == [5, 5, 1, 1]
+    for rollout in rollouts:
+        check_token_fidelity(rollout, log, tokenizer)
+
+
+def test_replies_are_read_in_the_templates_format_and_a_malformed_call_is_answered(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+    tokenizer.chat_template = QWEN_STYLE_TEMPLATE
+    parse = template_reply(ChatTemplate(tokenizer))
+    env = notes_env("test/notes5", 5)
+    task = env.task(3)
+    reply = parse('Noting.\n<tool_call>\n{"name": "note", "arguments": {"text": "hi"}}\n</tool_call>', task)
+    assert reply["content"] == "Noting."
+    assert [ToolCall.from_openai(raw) for raw in reply["tool_calls"]] == [
+        ToolCall("call_0", "note", '{"text": "hi"}')
+    ]
+    plain = letters_env("test/vowels", "aeiou").task(1)
+    assert parse("<tool_call>{}</tool_call>", plain) == {
+        "role": "assistant",
+        "content": "<tool_call>{}</tool_call>",
+    }
+
+    async def step_malformed() -> list[Message]:
+        async with await env.start(task, ScoringContext()) as episode:
+            results = await episode.step(parse('<tool_call>{"name": note}</tool_call>', task))
+            assert not episode.done  # the model gets another turn to write the call properly
+            return results
+
+    malformed = parse('<tool_call>{"name": note}</tool_call>', task)
+    assert [call["function"]["name"] for call in malformed["tool_calls"]] == [MALFORMED_TOOL]
+    [result] = asyncio.run(step_malformed())
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_0"
+    assert result["content"].startswith("error: your tool call could not be read (not valid JSON")
+
+
+def test_the_default_reply_parser_steps_episodes_with_the_templates_format(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=3)
+    driver = EpisodeDriver(engine, tokenizer, registry(), SamplingParams(max_tokens=6, n=2))
+    _, rollouts = asyncio.run(driver.run([PromptPlan("test/notes2", 1, 0, 9)], ScoringContext()))
+    # A random model writes no call: its reply, read by the template's format, is the final answer.
+    for rollout in rollouts:
+        assert rollout.error is None and len(rollout.turns) == 1
+        assert rollout.transcript[-1] == {"role": "assistant", "content": rollout.text.strip()}
+
+
+def test_a_template_with_an_unknown_tool_format_is_refused_before_any_episode_starts(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8)
+    # Renders tools, but has the model write calls in a way no format in tether.chat.tool_format reads.
+    tokenizer.chat_template = (
+        "{% if tools %}[TOOLS]{{ tools | tojson }}[/TOOLS]{% endif %}{% for m in messages %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    started: list[str] = []
+    start = Environment.start
+
+    async def spy(env: Environment, task: Task, ctx: ScoringContext) -> Any:
+        started.append(task.env)
+        return await start(env, task, ctx)
+
+    monkeypatch.setattr(Environment, "start", spy)
+    driver = EpisodeDriver(engine, tokenizer, registry(), SamplingParams(max_tokens=4), always_note)
+    with pytest.raises(ChatError, match="renders tools in a format tether does not parse"):
+        asyncio.run(driver.run([PromptPlan("test/notes2", 1, 0, 3)], ScoringContext()))
+    assert started == [] and not engine.has_unfinished()
+
+
 def test_observation_suffix_is_what_the_template_renders(tiny_model: Callable[[str], Path]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
-    encoder = ObservationEncoder(tokenizer)
+    encoder = ObservationEncoder(ChatTemplate(tokenizer))
     (end,) = tokenizer.encode(TEMPLATE_END)
     tool = [{"role": "user", "content": "result"}]
     after_end = tokenizer.decode(encoder.encode(tool, end))
@@ -208,7 +329,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_model: Callable[
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     with pytest.raises(ValueError, match="renders an earlier turn differently"):
-        ObservationEncoder(tokenizer).encode([{"role": "user", "content": "x"}], 0)
+        ObservationEncoder(ChatTemplate(tokenizer)).encode([{"role": "user", "content": "x"}], 0)
 
 
 @pytest.mark.parametrize(

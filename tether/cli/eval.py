@@ -1,8 +1,9 @@
 """`tether eval`: run environment episodes through a model and report per-domain scores.
 
-The model runs in-process on tether's engine (`--model NAME`), or behind any OpenAI-compatible server
-(`--base-url URL`, with `--model` naming the served model). Every episode is written to a JSONL file
-with each reward component and the full transcript; a summary JSON sits beside it.
+The model runs in-process on tether's engine (`--model NAME`), behind any OpenAI-compatible server
+(`--base-url URL`, with `--model` naming the served model), or replays a file (`--model scripted:FILE`);
+all three are a `ChatClient`. Every episode is written to a JSONL file with each reward component and
+the full transcript; a summary JSON sits beside it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from tether.chat import ChatClient
+from tether.chat.openai_client import OpenAIClient
 from tether.cli.common import (
     DeviceOption,
     DTypeOption,
@@ -29,44 +32,29 @@ from tether.cli.common import (
     user_errors,
 )
 from tether.envs.context import SandboxProvider, ScoringContext
-from tether.envs.registry import default_registry, parse_env_spec
-from tether.eval.runner import (
-    Backend,
-    DomainSummary,
-    EngineBackend,
-    EpisodeRecord,
-    OpenAIBackend,
-    plan_episodes,
-    run_eval,
-    summarise,
-)
-
-if TYPE_CHECKING:
-    import torch
+from tether.envs.registry import EnvRegistry, default_registry, parse_env_spec
+from tether.eval.runner import EpisodeRecord, EvalSettings, plan_episodes, run_eval
+from tether.eval.summary import DomainSummary, summarise
 
 console = Console()
 
 
-def _engine_backend(
+def open_eval_client(
     model: str,
+    base_url: str | None,
+    api_key: str | None,
     cache_dir: Path,
-    device: torch.device,
-    dtype: torch.dtype,
+    device: str,
+    dtype: str,
     kv_cache_mib: int,
-    max_tokens: int,
-    temperature: float,
-    seed: int,
-) -> Backend:
-    from tether.engine.llm_engine import LLMEngine
-    from tether.engine.sampling import SamplingParams
+) -> ChatClient:
+    """The client `--model`/`--base-url` name; the in-process engine is built here only because
+    `open_client` takes no KV cache size."""
+    from tether.serving.engine_client import EngineClient, open_client
 
-    engine, tokenizer = LLMEngine.from_pretrained(
-        model, cache_dir=cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype, seed=seed
-    )
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, seed=seed if temperature > 0 else None
-    )
-    return EngineBackend(engine, tokenizer, params)
+    if base_url is None and not model.startswith("scripted:"):
+        return EngineClient(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype)
+    return open_client(model, base_url, cache_dir, device=device, dtype=dtype, api_key=api_key)
 
 
 def summary_table(rows: list[DomainSummary], title: str) -> Table:
@@ -140,25 +128,19 @@ def eval_command(
         if base_url is None:  # before the environments and the model: a typo fails at once
             from tether.models.precision import DType, resolve_device
 
-            where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+            resolve_device(device, "--device")
+            DType.parse(dtype, "--dtype")
+        options = EvalSettings(max_tokens, temperature, seed, concurrency)
         settings = state(ctx).settings()
         registry = default_registry()
         mixture = parse_env_spec(registry, envs)
         plan = plan_episodes(mixture, count, seed, per_env=not envs.startswith("@"))
-        backend: Backend
-        if base_url is not None:
-            backend = OpenAIBackend(
-                base_url, model, max_tokens, temperature, api_key, concurrency=concurrency
-            )
-        else:
-            backend = _engine_backend(
-                model, settings.cache_dir, where, kind.torch, kv_cache_mib, max_tokens, temperature, seed
-            )
         provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
         out_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         episodes_path = out_dir / f"eval-{stamp}-{os.getpid()}.jsonl"
-        records = asyncio.run(_run(registry, plan, backend, provider, concurrency, episodes_path))
+        client = open_eval_client(model, base_url, api_key, settings.cache_dir, device, dtype, kv_cache_mib)
+        records = asyncio.run(_run(registry, plan, client, provider, options, episodes_path))
     rows = summarise(records)
     errors = [record for record in records if record.error is not None]
     summary: dict[str, Any] = {
@@ -188,16 +170,16 @@ def eval_command(
 
 
 async def _run(
-    registry: Any,
+    registry: EnvRegistry,
     plan: list[tuple[str, int]],
-    backend: Backend,
+    client: ChatClient,
     provider: SandboxProvider,
-    concurrency: int,
+    options: EvalSettings,
     path: Path,
 ) -> list[EpisodeRecord]:
     try:
-        if isinstance(backend, OpenAIBackend):
-            await backend.check_reachable()  # a dead --base-url fails once, before the sandbox starts
+        if isinstance(client, OpenAIClient):
+            await client.check_reachable()  # a dead --base-url fails once, before the sandbox starts
         with path.open("w") as sink, counted_lines("episodes", len(plan)) as advance:
 
             def done(record: EpisodeRecord) -> None:
@@ -207,7 +189,6 @@ async def _run(
                 advance(f"{record.env} seed {record.seed} {outcome} ({record.wall_s:.1f} s)")
 
             async with provider:
-                return await run_eval(registry, plan, backend, ScoringContext(provider), concurrency, done)
+                return await run_eval(registry, plan, client, ScoringContext(provider), options, done)
     finally:
-        if isinstance(backend, OpenAIBackend):
-            await backend.aclose()
+        await client.close()

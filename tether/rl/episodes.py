@@ -1,12 +1,16 @@
 """Multi-turn rollouts, token in and token out: turn k+1's prompt is turn k's prompt and generated ids
 followed by the tokenized observation, never a re-tokenization of decoded text.
 
-`ObservationEncoder` renders tool results (or user messages) as the token suffix the chat template puts
-after an assistant turn; `assemble` lays the turns of an episode out as one token sequence with a loss
-mask (generated tokens 1, observation tokens 0), the behaviour logprob and policy version of every
-generated token. `run_episodes` drives many episodes through one engine as a continuous batch: every turn
-is a request, submitted as soon as its episode's tool calls return, so no episode waits for another.
-Single-turn environments run as one-turn episodes. Tools run through the environment's `Episode`.
+Every prompt is rendered by the model's `ChatTemplate` with the task's tools (natively when the template
+knows tools, else in the Hermes text convention), and every reply is read by the template's tool-call
+format, so a model is trained on the format it is served with; a malformed call reaches the episode as a
+call to `MALFORMED_TOOL`, which the episode answers with an error the model sees. `ObservationEncoder`
+renders tool results as the token suffix the template puts after an assistant turn; `assemble` lays the
+turns of an episode out as one token sequence with a loss mask (generated tokens 1, observation tokens
+0), the behaviour logprob and policy version of every generated token. `EpisodeDriver` runs many
+episodes through one engine as a continuous batch: every turn is a request, submitted as soon as its
+episode's tool calls return, so no episode waits for another. Tools run through the environment's
+`Episode`.
 """
 
 from __future__ import annotations
@@ -15,18 +19,17 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tether.chat import Message, Messages
+from tether.chat import Message, Messages, ToolSpec
+from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.envs.context import ScoringContext
 from tether.envs.episode import Episode
 from tether.envs.registry import EnvRegistry
 from tether.envs.tasks import Task
-from tether.envs.tools import parse_text_tool_calls
-from tether.eval.runner import text_convention
-from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
+from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed, encode_prompt, task_tools
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,45 +47,54 @@ _PROBE: Messages = [
 ]
 
 
-def text_reply(text: str, task: Task) -> Message:
-    """The in-process convention: `<tool_call>{json}</tool_call>` blocks when the task offers tools."""
-    return parse_text_tool_calls(text) if task.tools else {"role": "assistant", "content": text}
+def template_reply(template: ChatTemplate) -> ReplyParser:
+    """Replies read by the template's tool-call format when the task offers tools (malformed blocks
+    become `MALFORMED_TOOL` calls); a task without tools takes the text as it is."""
+
+    def parse(text: str, task: Task) -> Message:
+        if not task.tools:
+            return {"role": "assistant", "content": text}
+        return template.tool_format().parse(text).message()
+
+    return parse
 
 
 class ObservationEncoder:
     """Token ids that follow a generated assistant turn: the rest of the template's turn delimiters, the
     observation messages and the next generation prompt, exactly as the chat template renders them."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self._base = self._render(_PROBE, generation_prompt=False)
-        # What the template writes after an assistant message's content, e.g. "<|im_end|>\n".
-        self._closing = self._base[self._base.rindex(_REPLY) + len(_REPLY) :]
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
+        self.tokenizer = template.tokenizer
+        self._bases: dict[str, str] = {}  # the probe rendered with each tool set, by its JSON
 
-    def _render(self, messages: Messages, generation_prompt: bool) -> str:
-        text: Any = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False
-        )
-        return str(text)
+    def _base(self, tools: tuple[ToolSpec, ...]) -> str:
+        key = json.dumps([tool.openai() for tool in tools], sort_keys=True)
+        if key not in self._bases:
+            self._bases[key] = self.template.render(_PROBE, tools, generation_prompt=False)
+        return self._bases[key]
 
-    def encode(self, observation: Messages, last_token: int) -> list[int]:
-        """The suffix after a turn whose last generated token is `last_token`.
+    def encode(self, observation: Messages, last_token: int, tools: tuple[ToolSpec, ...] = ()) -> list[int]:
+        """The suffix after a turn whose last generated token is `last_token`, in an episode offering
+        `tools` (a template may render results differently once tools are known).
 
         A turn that ended on the template's end-of-turn token continues with what the template writes
         after that token; a turn cut short (by max_tokens) gets the template's whole closing first."""
         if not observation:
             raise ValueError("an observation needs at least one message")
-        full = self._render(_PROBE + observation, generation_prompt=True)
-        if not full.startswith(self._base):
+        base = self._base(tools)
+        full = self.template.render(_PROBE + observation, tools, generation_prompt=True)
+        if not full.startswith(base):
             raise ValueError(
                 "the chat template renders an earlier turn differently once more messages follow; "
                 "observations cannot be appended as a token suffix with it"
             )
+        # What the template writes after an assistant message's content, e.g. "<|im_end|>\n".
+        closing = base[base.rindex(_REPLY) + len(_REPLY) :]
         end_text = str(self.tokenizer.decode([last_token]))
-        closing = self._closing
         if end_text and closing.startswith(end_text):
             closing = closing[len(end_text) :]
-        ids: Any = self.tokenizer.encode(closing + full[len(self._base) :], add_special_tokens=False)
+        ids = self.tokenizer.encode(closing + full[len(base) :], add_special_tokens=False)
         return [int(i) for i in ids]
 
 
@@ -117,17 +129,6 @@ def assemble(turns: Sequence[Turn]) -> Trajectory:
     return Trajectory(list(first.prompt_ids), ids, mask, logprobs, versions)
 
 
-def encode_task(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
-    """The first prompt of an episode: tools described in the system prompt (the text convention)."""
-    ids: Any = tokenizer.apply_chat_template(
-        text_convention(task.messages, task.tools),
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    return [int(i) for i in ids]
-
-
 @dataclass(slots=True)
 class _Live:
     """An episode in flight."""
@@ -149,20 +150,28 @@ class EpisodeDriver:
     tokenizer: PreTrainedTokenizerBase
     registry: EnvRegistry
     params: SamplingParams  # per turn; n episodes per plan
-    parse_reply: ReplyParser = text_reply
+    parse_reply: ReplyParser | None = None  # None: the template's tool-call format (`template_reply`)
+    template: ChatTemplate = field(init=False)
     encoder: ObservationEncoder = field(init=False)
+    _reply: ReplyParser = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.encoder = ObservationEncoder(self.tokenizer)
+        self.template = ChatTemplate(self.tokenizer)
+        self.encoder = ObservationEncoder(self.template)
+        self._reply = self.parse_reply or template_reply(self.template)
 
     async def run(self, plans: Sequence[PromptPlan], ctx: ScoringContext) -> tuple[list[Task], list[Rollout]]:
         """Every plan's n episodes, scored; rollouts come n per plan, in plan order."""
         tasks = [self.registry.get(plan.env).task(plan.seed) for plan in plans]
+        # Rendered before any episode opens a session: a template that cannot render the tools fails here.
+        prompts = [encode_prompt(self.template, task) for task in tasks]
         slots = [
-            (plan, task, i) for plan, task in zip(plans, tasks, strict=True) for i in range(self.params.n)
+            (plan, task, prompt, i)
+            for plan, task, prompt in zip(plans, tasks, prompts, strict=True)
+            for i in range(self.params.n)
         ]
         started = await asyncio.gather(
-            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _ in slots),
+            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _, _ in slots),
             return_exceptions=True,
         )
         episodes = [e for e in started if isinstance(e, Episode)]
@@ -170,8 +179,8 @@ class EpisodeDriver:
             await asyncio.gather(*(e.close() for e in episodes), return_exceptions=True)
             raise next(e for e in started if isinstance(e, BaseException))
         live = [
-            _Live(plan, i, task, episode, encode_task(self.tokenizer, task))
-            for (plan, task, i), episode in zip(slots, episodes, strict=True)
+            _Live(plan, i, task, episode, list(prompt))
+            for (plan, task, prompt, i), episode in zip(slots, episodes, strict=True)
         ]
         in_engine: dict[str, _Live] = {}
         stepping: set[asyncio.Task[None]] = set()
@@ -230,11 +239,12 @@ class EpisodeDriver:
         text = str(self.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
         error = None
         try:
-            results = await live.episode.step(self.parse_reply(text, live.task))
+            results = await live.episode.step(self._reply(text, live.task))
             if not live.episode.done and completion.finish_reason is FinishReason.ABORT:
                 live.episode.done = True
             if not live.episode.done:
-                observation = self.encoder.encode(text_convention(results, []), turn.completion_ids[-1])
+                last = turn.completion_ids[-1]
+                observation = self.encoder.encode(results, last, task_tools(live.task))
                 live.prompt = turn.prompt_ids + turn.completion_ids + observation
                 if len(live.prompt) < self.engine.config.max_model_len:
                     ready.append(live)

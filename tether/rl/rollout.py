@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from tether.chat import ToolSpec
+from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.envs.context import ScoringContext
@@ -135,11 +137,14 @@ def plan_prompts(
     return plans, advanced
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, task: Task) -> list[int]:
-    ids: Any = tokenizer.apply_chat_template(
-        task.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    return [int(i) for i in ids]
+def task_tools(task: Task) -> tuple[ToolSpec, ...]:
+    return tuple(ToolSpec.from_openai(tool) for tool in task.tools)
+
+
+def encode_prompt(template: ChatTemplate, task: Task) -> list[int]:
+    """A task's first prompt as it is served: the model's chat template with the task's tools (natively
+    when the template knows tools, else in the Hermes text convention)."""
+    return template.encode(task.messages, task_tools(task))
 
 
 def generate_groups(
@@ -155,7 +160,8 @@ def generate_groups(
         env = registry.get(plan.env)
         assert not env.multi_turn, "multi-turn episodes are not rolled out by generate_groups"
         tasks.append(env.task(plan.seed))
-    prompts = [encode_prompt(tokenizer, task) for task in tasks]
+    template = ChatTemplate(tokenizer)
+    prompts = [encode_prompt(template, task) for task in tasks]
     request_ids = [f"rollout-{plan.sample_seed}-{plan.group}" for plan in plans]
     for request_id, prompt, plan in zip(request_ids, prompts, plans, strict=True):
         engine.add_request(request_id, prompt, replace(params, seed=plan.sample_seed))

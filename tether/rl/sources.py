@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
+from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
 from tether.engine.weight_sync import SyncBackend
 from tether.envs.context import ScoringContext
@@ -25,7 +26,7 @@ from tether.envs.registry import EnvRegistry, mixture_from_weights
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
 from tether.rl.config import TrainConfig, WeightSync
-from tether.rl.episodes import EpisodeDriver, ReplyParser, text_reply
+from tether.rl.episodes import EpisodeDriver, ReplyParser
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
 from tether.rl.server_weights import CollectiveTransport, SafetensorsDirTransport
 from tether.rl.servers import (
@@ -79,7 +80,7 @@ class EngineRollouts:
         ctx: ScoringContext,
         params: SamplingParams,
         clock: Callable[[], float] = time.monotonic,
-        parse_reply: ReplyParser = text_reply,
+        parse_reply: ReplyParser | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -87,7 +88,8 @@ class EngineRollouts:
         self.ctx = ctx
         self.params = params
         self.clock = clock
-        self.parse_reply = parse_reply  # multi-turn: reply text -> assistant message (tool calls)
+        # Multi-turn: reply text -> assistant message (None: the chat template's tool-call format).
+        self.parse_reply = parse_reply
         # Decode steps of few sequences computed as the learner computes whole sequences: equal logprobs.
         engine.runner.model.set_batch_invariant(True)
         # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
@@ -143,6 +145,7 @@ class RemoteRollouts:
         self.servers = list(servers)
         self.transport = transport
         self.tokenizer = tokenizer
+        self.template = ChatTemplate(tokenizer)
         self.registry = registry
         self.ctx = ctx
         self.params = params
@@ -158,7 +161,7 @@ class RemoteRollouts:
             if env.multi_turn:
                 raise ConfigError(f"{plan.env!r} is multi-turn: {_MULTI_TURN}")
             tasks.append(env.task(plan.seed))
-        prompts = [encode_prompt(self.tokenizer, task) for task in tasks]
+        prompts = [encode_prompt(self.template, task) for task in tasks]
         answers = self._loop.run_until_complete(self._generate(plans, prompts))
         rollouts = [
             Rollout(
