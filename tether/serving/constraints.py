@@ -1,0 +1,104 @@
+"""What a chat request's output must follow, stated as the engine's `StructuredOutput`: the
+`response_format` (any JSON object, or JSON valid for a schema) and, when `tool_choice` is `required` or
+names a function, the tool-call syntax with each tool's arguments schema.
+
+Pure: schemas are checked here (a 400 naming the field, before the engine sees them) and grammars are
+compiled once by llguidance only to prove they can be enforced; the engine enforces them while decoding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+from llguidance import LLMatcher
+
+from tether.chat import JsonDict, ToolSpec
+from tether.chat.tool_format import ToolFormat
+from tether.engine.structured import StructuredOutput
+from tether.serving.openai_api import APIError, JsonObjectFormat, JsonSchemaFormat, ResponseFormat
+
+NO_ARGUMENTS: JsonDict = {"type": "object", "properties": {}}
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """A 400 naming `param` unless `schema` is a JSON schema (by the meta-schema of its `$schema`)."""
+    if not isinstance(schema, dict):
+        raise APIError(400, f"{param}: expected a JSON schema object, got {type(schema).__name__}", param)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as error:
+        where = "/".join(str(part) for part in error.absolute_path)
+        at = f" at {where!r}" if where else ""
+        raise APIError(400, f"{param}: not a valid JSON schema{at}: {error.message}", param) from None
+
+
+def _enforceable(structured: StructuredOutput, param: str) -> StructuredOutput:
+    """`structured`, once llguidance compiled it: what it cannot compile is a 400 naming `param`."""
+    if structured.kind == "lark":
+        grammar = LLMatcher.grammar_from_lark(structured.spec)
+    else:
+        grammar = LLMatcher.grammar_from_json_schema(structured.spec or '{"type": "object"}')
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise APIError(400, f"{param}: cannot be enforced while decoding: {messages[0]}", param)
+    return structured
+
+
+def response_constraint(response_format: ResponseFormat | None) -> StructuredOutput | None:
+    """The grammar of `response_format`; None for text."""
+    if isinstance(response_format, JsonObjectFormat):
+        return StructuredOutput("json_object")
+    if isinstance(response_format, JsonSchemaFormat):
+        schema = response_format.json_schema.json_schema
+        param = "response_format.json_schema.schema"
+        check_schema(schema, param)
+        return _enforceable(StructuredOutput("json_schema", json.dumps(schema)), param)
+    return None
+
+
+def _literal(text: str) -> str:
+    """`text` as a Lark string literal (llguidance reads JSON string escapes)."""
+    return json.dumps(text)
+
+
+def tool_call_grammar(
+    tools: list[ToolSpec], fmt: ToolFormat, *, parallel: bool, alternative: JsonDict | None = None
+) -> str:
+    """A Lark grammar of one call (several when `parallel`) of one of `tools`, written as
+    `fmt.call_text` writes calls (blocks on lines of their own), arguments valid for the tool's schema;
+    with `alternative`, a JSON value valid for that schema may stand instead of calls."""
+    assert tools, "a tool call grammar needs a tool"
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    names = " | ".join(f"tool_{index}" for index in range(len(tools)))
+    opening, closing = _literal(fmt.call_open + "\n"), _literal("\n" + fmt.call_close)
+    rules = [
+        "%llguidance {}",
+        f"start: {calls}" + (" | answer" if alternative is not None else ""),
+        f"call: {opening} ({names}) {closing}",
+    ]
+    for index, tool in enumerate(tools):
+        head = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
+        rules.append(f'tool_{index}: {_literal(head)} %json {json.dumps(tool.parameters)} "}}"')
+    if alternative is not None:
+        rules.append(f"answer: %json {json.dumps(alternative)}")
+    return "\n".join(rules) + "\n"
+
+
+def tool_constraint(
+    tools: list[ToolSpec],
+    fmt: ToolFormat,
+    *,
+    only: str | None = None,
+    parallel: bool,
+    alternative: JsonDict | None = None,
+) -> StructuredOutput:
+    """The grammar of `tool_call_grammar` over `tools` (only the one named `only`, when given), proven
+    enforceable: a tool schema that llguidance cannot compile is a 400 naming that tool's parameters."""
+    chosen = [(index, tool) for index, tool in enumerate(tools) if only is None or tool.name == only]
+    for index, tool in chosen:
+        param = f"tools.{index}.function.parameters"
+        _enforceable(StructuredOutput("json_schema", json.dumps(tool.parameters)), param)
+    grammar = tool_call_grammar([tool for _, tool in chosen], fmt, parallel=parallel, alternative=alternative)
+    return _enforceable(StructuredOutput("lark", grammar), "tools")

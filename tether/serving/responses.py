@@ -1,0 +1,108 @@
+"""The bodies of OpenAI responses: the envelope, each choice (an assistant message whose tool calls are
+read by the model's tool format, or a text), logprobs with their top alternatives, and usage.
+
+Pure but for detokenizing single tokens. A reply holding a block that is not a well-formed call goes
+back whole as content, as vLLM does: the client sees what the model wrote, never a server error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from tether.chat import FinishReason, JsonDict, Usage
+from tether.engine.async_engine import RequestDelta
+from tether.serving.jobs import Job
+
+
+def call_id(index: int) -> str:
+    """A fresh id per call: clients match results to calls by id across the whole conversation."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(slots=True)
+class Choice:
+    """One sample, as accumulated from the engine's deltas."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+def tool_call_entry(index: int, call_id: str, name: str, arguments: str) -> JsonDict:
+    """A call as `message.tool_calls` and streamed `delta.tool_calls` write it (with its index)."""
+    return {
+        "index": index,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def assistant_reply(job: Job, text: str, finish_reason: str | None) -> tuple[JsonDict, str | None]:
+    """The message a whole reply is, and its finish reason ("tool_calls" when it made calls)."""
+    message: JsonDict = {"role": "assistant", "content": text, "refusal": None}
+    if not job.reads_calls:
+        return message, finish_reason
+    parsed = job.tool_format.parse(text, call_id)
+    if parsed.malformed or not parsed.calls:
+        return message, finish_reason
+    message["content"] = parsed.content or None
+    message["tool_calls"] = [
+        tool_call_entry(index, call.id, call.name, call.arguments) for index, call in enumerate(parsed.calls)
+    ]
+    return message, FinishReason.TOOL_CALLS.value
+
+
+class ResponseWriter:
+    """Writes response bodies for one served model."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def envelope(self, job: Job, chunk: bool) -> JsonDict:
+        if job.kind == "chat":
+            request_id, kind = f"chatcmpl-{job.id}", "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            request_id, kind = f"cmpl-{job.id}", "text_completion"
+        return {
+            "id": request_id,
+            "object": kind,
+            "created": job.created,
+            "model": job.model,
+            "system_fingerprint": None,
+        }
+
+    def usage(self, job: Job, delta: RequestDelta, choices: list[Choice]) -> JsonDict:
+        completion_tokens = sum(len(choice.token_ids) for choice in choices)
+        prompt_tokens = len(job.prompt_token_ids)
+        return Usage(prompt_tokens, delta.num_cached_tokens, completion_tokens).openai()
+
+    def logprobs(self, job: Job, token_ids: list[int] | tuple[int, ...], values: Any) -> Any:
+        if not job.logprobs:
+            return None
+        texts = [str(self.tokenizer.decode([token])) for token in token_ids]
+        if job.kind == "chat":
+            return {
+                "content": [
+                    {"token": text, "logprob": value, "bytes": list(text.encode()), "top_logprobs": []}
+                    for text, value in zip(texts, values, strict=True)
+                ]
+            }
+        return {"tokens": texts, "token_logprobs": list(values), "top_logprobs": None, "text_offset": None}
+
+    def choice(self, job: Job, index: int, choice: Choice) -> JsonDict:
+        logprobs = self.logprobs(job, choice.token_ids, choice.logprobs)
+        if job.kind == "chat":
+            message, reason = assistant_reply(job, choice.text, choice.finish_reason)
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        return {
+            "index": index,
+            "text": choice.text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
