@@ -20,6 +20,10 @@ from tether.engine.structured import StructuredOutput
 from tether.serving.openai_api import APIError, JsonObjectFormat, JsonSchemaFormat, ResponseFormat
 
 NO_ARGUMENTS: JsonDict = {"type": "object", "properties": {}}
+# Arguments come out as `ToolFormat.call_text` writes them back in the history (json.dumps' separators)
+# and without optional whitespace, so that a model cannot fill its budget with blanks; a tool's schema
+# may override these through its own "x-guidance".
+ARGUMENT_LAYOUT: JsonDict = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def check_schema(schema: Any, param: str) -> None:
@@ -63,6 +67,12 @@ def _literal(text: str) -> str:
     return json.dumps(text)
 
 
+def _laid_out(schema: JsonDict) -> str:
+    """`schema` as JSON text, with `ARGUMENT_LAYOUT` under what its own "x-guidance" states."""
+    own = schema.get("x-guidance")
+    return json.dumps({**schema, "x-guidance": {**ARGUMENT_LAYOUT, **(own if isinstance(own, dict) else {})}})
+
+
 def tool_call_grammar(
     tools: list[ToolSpec], fmt: ToolFormat, *, parallel: bool, alternative: JsonDict | None = None
 ) -> str:
@@ -80,9 +90,9 @@ def tool_call_grammar(
     ]
     for index, tool in enumerate(tools):
         head = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
-        rules.append(f'tool_{index}: {_literal(head)} %json {json.dumps(tool.parameters)} "}}"')
+        rules.append(f'tool_{index}: {_literal(head)} %json {_laid_out(tool.parameters)} "}}"')
     if alternative is not None:
-        rules.append(f"answer: %json {json.dumps(alternative)}")
+        rules.append(f"answer: %json {_laid_out(alternative)}")
     return "\n".join(rules) + "\n"
 
 

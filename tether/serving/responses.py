@@ -49,7 +49,10 @@ def assistant_reply(job: Job, text: str, finish_reason: str | None) -> tuple[Jso
     if not job.reads_calls:
         return message, finish_reason
     parsed = job.tool_format.parse(text, call_id)
-    if parsed.malformed or not parsed.calls:
+    if parsed.malformed:
+        return message, finish_reason
+    message["content"] = parsed.content
+    if not parsed.calls:
         return message, finish_reason
     message["content"] = parsed.content or None
     message["tool_calls"] = [

@@ -58,14 +58,15 @@ class ChoiceStream:
         return deltas
 
     def _content(self, text: str) -> list[JsonDict]:
-        if not text.strip():
+        """Prose, less the whitespace that may only separate it from a call (the whole reply's content
+        is stripped): trailing whitespace waits until more prose follows."""
+        body = text.rstrip()
+        if not body:
             self.pending += text
             return []
-        text, self.pending = (self.pending if self.spoken else "") + text, ""
-        if not self.spoken:
-            text = text.lstrip()
-        self.spoken = True
-        return [{"content": text}]
+        start = self.pending + body if self.spoken else body.lstrip()
+        self.pending, self.spoken = text[len(body) :], True
+        return [{"content": start}]
 
 
 async def sse(
