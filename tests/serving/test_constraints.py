@@ -68,6 +68,7 @@ def accepts(
         (True, None, f"{WEATHER_CALL}\n{ADD_CALL}", True),
         (False, None, f"{WEATHER_CALL}\n{ADD_CALL}", False),
         (False, None, ADD_CALL, True),
+        (True, None, f"{WEATHER_CALL}\n{ADD_CALL}\n{ADD_CALL}", False),  # more calls than tools
         (True, "add", ADD_CALL, True),
         (True, "add", WEATHER_CALL, False),
         (True, None, WEATHER_CALL.replace('"C"', '"K"'), False),  # not in the enum

@@ -76,11 +76,13 @@ def _laid_out(schema: JsonDict) -> str:
 def tool_call_grammar(
     tools: list[ToolSpec], fmt: ToolFormat, *, parallel: bool, alternative: JsonDict | None = None
 ) -> str:
-    """A Lark grammar of one call (several when `parallel`) of one of `tools`, written as
+    """A Lark grammar of one call (up to one per tool when `parallel`) of one of `tools`, written as
     `fmt.call_text` writes calls (blocks on lines of their own), arguments valid for the tool's schema;
     with `alternative`, a JSON value valid for that schema may stand instead of calls."""
     assert tools, "a tool call grammar needs a tool"
-    calls = 'call ("\\n" call)*' if parallel else "call"
+    # Parallel calls are bounded by the number of tools: small models repeat a call until the budget
+    # runs out when the grammar lets them.
+    calls = f'call ("\\n" call){{0,{len(tools) - 1}}}' if parallel and len(tools) > 1 else "call"
     names = " | ".join(f"tool_{index}" for index in range(len(tools)))
     opening, closing = _literal(fmt.call_open + "\n"), _literal("\n" + fmt.call_close)
     rules = [

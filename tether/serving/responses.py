@@ -1,26 +1,17 @@
-"""The bodies of OpenAI responses: the envelope, each choice (an assistant message whose tool calls are
-read by the model's tool format, or a text), logprobs with their top alternatives, and usage.
-
-Pure but for detokenizing single tokens. A reply holding a block that is not a well-formed call goes
-back whole as content, as vLLM does: the client sees what the model wrote, never a server error.
-"""
+"""The bodies of OpenAI responses: the envelope, each choice (an assistant message, see `replies.py`,
+or a text), logprobs with their top alternatives, and usage. Pure but for detokenizing single tokens."""
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tether.chat import FinishReason, JsonDict, Usage
+from tether.chat import JsonDict, Usage
 from tether.engine.async_engine import RequestDelta
 from tether.serving.jobs import Job
-
-
-def call_id(index: int) -> str:
-    """A fresh id per call: clients match results to calls by id across the whole conversation."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+from tether.serving.replies import assistant_reply
 
 
 @dataclass(slots=True)
@@ -31,34 +22,6 @@ class Choice:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-
-
-def tool_call_entry(index: int, call_id: str, name: str, arguments: str) -> JsonDict:
-    """A call as `message.tool_calls` and streamed `delta.tool_calls` write it (with its index)."""
-    return {
-        "index": index,
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-def assistant_reply(job: Job, text: str, finish_reason: str | None) -> tuple[JsonDict, str | None]:
-    """The message a whole reply is, and its finish reason ("tool_calls" when it made calls)."""
-    message: JsonDict = {"role": "assistant", "content": text, "refusal": None}
-    if not job.reads_calls:
-        return message, finish_reason
-    parsed = job.tool_format.parse(text, call_id)
-    if parsed.malformed:
-        return message, finish_reason
-    message["content"] = parsed.content
-    if not parsed.calls:
-        return message, finish_reason
-    message["content"] = parsed.content or None
-    message["tool_calls"] = [
-        tool_call_entry(index, call.id, call.name, call.arguments) for index, call in enumerate(parsed.calls)
-    ]
-    return message, FinishReason.TOOL_CALLS.value
 
 
 class ResponseWriter:

@@ -1,10 +1,5 @@
-"""Server-sent events of a job: OpenAI's chunks, with a chat reply's tool calls as `delta.tool_calls`.
-
-Prose before a call streams as content at once; a call streams as one `tool_calls` entry (index, id,
-type, name and the whole arguments) once its block closed, so no `<tool_call>` tag ever reaches
-content, and a block that turns out malformed streams as the content it was. Whitespace that only
-separates blocks is not sent.
-"""
+"""Server-sent events of a job: OpenAI's chunks, a chat reply's tool calls as `delta.tool_calls`
+(read by `replies.ReplyReader`, as the whole response's are), then usage if asked, then [DONE]."""
 
 from __future__ import annotations
 
@@ -14,59 +9,13 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from tether.chat import FinishReason, JsonDict
-from tether.chat.tool_format import ContentDelta, MalformedCall, StreamEvent, ToolCallStream
+from tether.chat import JsonDict
 from tether.engine.async_engine import RequestDelta
 from tether.serving.jobs import Job
-from tether.serving.responses import Choice, ResponseWriter, call_id, tool_call_entry
+from tether.serving.replies import ReplyReader
+from tether.serving.responses import Choice, ResponseWriter
 
 logger = logging.getLogger(__name__)
-
-
-class ChoiceStream:
-    """One sample's text deltas as OpenAI `delta` objects."""
-
-    def __init__(self, job: Job) -> None:
-        self.parser: ToolCallStream | None = job.tool_format.stream(call_id) if job.reads_calls else None
-        self.calls = 0
-        self.spoken = False  # content went out: later whitespace may matter
-        self.pending = ""  # whitespace not yet known to be more than a separator
-
-    def feed(self, text: str) -> list[JsonDict]:
-        if self.parser is None:
-            return [{"content": text}] if text else []
-        return self._deltas(self.parser.feed(text))
-
-    def finish(self) -> list[JsonDict]:
-        return [] if self.parser is None else self._deltas(self.parser.finish())
-
-    def finish_reason(self, reason: str | None) -> str | None:
-        return FinishReason.TOOL_CALLS.value if reason is not None and self.calls else reason
-
-    def _deltas(self, events: list[StreamEvent]) -> list[JsonDict]:
-        deltas: list[JsonDict] = []
-        for event in events:
-            if isinstance(event, ContentDelta):
-                deltas += self._content(event.text)
-            elif isinstance(event.block, MalformedCall):
-                deltas += self._content(event.block.raw)
-            else:
-                call = event.block
-                entry = tool_call_entry(self.calls, call.id, call.name, call.arguments)
-                deltas.append({"tool_calls": [entry]})
-                self.calls += 1
-        return deltas
-
-    def _content(self, text: str) -> list[JsonDict]:
-        """Prose, less the whitespace that may only separate it from a call (the whole reply's content
-        is stripped): trailing whitespace waits until more prose follows."""
-        body = text.rstrip()
-        if not body:
-            self.pending += text
-            return []
-        start = self.pending + body if self.spoken else body.lstrip()
-        self.pending, self.spoken = text[len(body) :], True
-        return [{"content": start}]
 
 
 async def sse(
@@ -75,7 +24,7 @@ async def sse(
     """One chunk per change of a sample (its logprobs ride on the first), then usage if asked, then
     [DONE]; a failure mid-stream is an error event, as the status line went out already."""
     choices = [Choice() for _ in range(job.params.n)]
-    texts = [ChoiceStream(job) for _ in range(job.params.n)]
+    texts = [ReplyReader(job) for _ in range(job.params.n)]
     usage: dict[str, Any] = {"usage": None} if job.include_usage else {}
 
     def event(payload: JsonDict) -> str:
@@ -111,7 +60,7 @@ async def sse(
     yield "data: [DONE]\n\n"
 
 
-def _bodies(writer: ResponseWriter, job: Job, text: ChoiceStream, completion: Any) -> list[JsonDict]:
+def _bodies(writer: ResponseWriter, job: Job, text: ReplyReader, completion: Any) -> list[JsonDict]:
     """The chunk bodies one sample's delta makes: its text (content and calls), logprobs, finish."""
     reason = completion.finish_reason.value if completion.finish_reason else None
     if job.kind == "text":

@@ -1,5 +1,5 @@
 """A chat reply's text, streamed in any split, as OpenAI deltas: prose as content, each call as one
-`tool_calls` entry, never a tag in content, and the same reply as the whole response gives."""
+`tool_calls` entry, no tag of a well-formed call in content, and the same reply as the whole response."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from tether.chat.tool_format import HERMES
 from tether.engine.sampling import SamplingParams
 from tether.serving.chat import ChatPlan, ToolMode
 from tether.serving.jobs import Job
-from tether.serving.responses import assistant_reply
-from tether.serving.streaming import ChoiceStream
+from tether.serving.replies import ReplyReader, assistant_reply
 
 ADD = ToolSpec("add", "a + b", {"type": "object"})
 FIRST = HERMES.call_text(ToolCall("x", "add", '{"a": 1, "b": 2}'))
@@ -39,7 +38,7 @@ def job(mode: ToolMode = ToolMode.AUTO) -> Job:
 
 def streamed(job: Job, pieces: list[str]) -> tuple[str, list[dict[str, Any]], str | None]:
     """The content and calls a client assembles from the deltas of `pieces`, and the finish reason."""
-    stream = ChoiceStream(job)
+    stream = ReplyReader(job)
     deltas = [delta for piece in pieces for delta in stream.feed(piece)] + stream.finish()
     content = "".join(delta.get("content", "") for delta in deltas)
     calls = [entry for delta in deltas for entry in delta.get("tool_calls", [])]
@@ -91,7 +90,16 @@ def test_whole_reply_with_calls_has_null_content_and_fresh_ids() -> None:
     assert len(set(ids)) == 3
 
 
-def test_malformed_block_goes_back_whole_as_content() -> None:
-    reply = f'{FIRST}\n<tool_call>\n{{"name": 5}}\n</tool_call>'
-    message, reason = assistant_reply(job(), reply, "stop")
-    assert message["content"] == reply and "tool_calls" not in message and reason == "stop"
+def test_malformed_block_goes_back_as_content_in_its_place() -> None:
+    bad = '<tool_call>\n{"name": 5}\n</tool_call>'
+    message, reason = assistant_reply(job(), f"{FIRST}\n{bad}", "stop")
+    assert message["content"] == bad and reason == "tool_calls"
+    assert [call["function"]["name"] for call in message["tool_calls"]] == ["add"]
+    alone, alone_reason = assistant_reply(job(), bad, "stop")
+    assert alone["content"] == bad and "tool_calls" not in alone and alone_reason == "stop"
+
+
+def test_reply_cut_by_the_token_budget_keeps_its_finish_reason() -> None:
+    message, reason = assistant_reply(job(), f'{FIRST}\n<tool_call>\n{{"na', "length")
+    assert reason == "length" and len(message["tool_calls"]) == 1
+    assert message["content"] == '<tool_call>\n{"na'
