@@ -25,7 +25,13 @@ from tests.fuzz import (
     surrogate_text,
 )
 from tests.serving.conftest import CHAT, MODEL, TEXT, aborted_count, chat, send_sync, sse_events, text
-from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig, EngineStoppedError, _held_back
+from tether.engine.async_engine import (
+    AsyncEngine,
+    AsyncEngineConfig,
+    CompletionDelta,
+    EngineStoppedError,
+    _held_back,
+)
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.models.governor import ThreadGovernor
@@ -519,3 +525,28 @@ def test_adapt_threads_gives_the_runner_a_governor(tiny_path: Path) -> None:
     fixed, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, max_model_len=128)
     assert isinstance(adaptive.runner.governor, ThreadGovernor)
     assert fixed.runner.governor is None
+
+
+@pytest.mark.skipif(
+    "top_logprobs" not in CompletionDelta.__dataclass_fields__,
+    reason="needs the engine's top alternatives in its deltas",
+)
+async def test_top_logprobs_list_the_most_likely_tokens_first(client: httpx.AsyncClient) -> None:
+    fields: dict[str, Any] = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "logprobs": True}
+    fields["top_logprobs"] = 3
+    whole = (await client.post(CHAT, json=chat(**fields))).json()["choices"][0]["logprobs"]["content"]
+    assert len(whole) == 6
+    for entry in whole:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 3 and [t["logprob"] for t in tops] == sorted(
+            (t["logprob"] for t in tops), reverse=True
+        )
+        assert (tops[0]["token"], tops[0]["logprob"]) == (entry["token"], pytest.approx(entry["logprob"]))
+        assert all(t["bytes"] == list(t["token"].encode()) for t in tops)
+    events = sse_events((await client.post(CHAT, json=chat(stream=True, **fields))).text)
+    streamed = [
+        entry for e in events for c in e["choices"] if c["logprobs"] for entry in c["logprobs"]["content"]
+    ]
+    assert streamed == whole
+    legacy = (await client.post(TEXT, json=text(logprobs=2, temperature=0, max_tokens=4))).json()
+    assert all(1 <= len(top) <= 2 for top in legacy["choices"][0]["logprobs"]["top_logprobs"])

@@ -56,7 +56,7 @@ TOOLS: list[Any] = [
         ("add", "Adds two integers."),
     ]
 ]
-QUESTION = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
+QUESTION: list[Any] = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,7 @@ def test_required_tool_choice_gives_calls_valid_for_their_schemas(
     calls = reply.choices[0].message.tool_calls or []
     assert 1 <= len(calls) <= (2 if parallel else 1), calls
     for call in calls:
+        assert call.type == "function"
         assert_valid_call(call.function.name, call.function.arguments)
     assert len({call.id for call in calls}) == len(calls)
     assert reply.choices[0].finish_reason == "tool_calls"

@@ -44,7 +44,7 @@ from tether.serving.openai_api import (
     route_error,
     validation_error,
 )
-from tether.serving.responses import Choice, ResponseWriter
+from tether.serving.responses import Choice, ResponseWriter, alternatives_of
 from tether.serving.streaming import sse
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class _Server:
                     choice = choices[completion.index]
                     choice.token_ids += completion.token_ids
                     choice.logprobs += completion.logprobs
+                    choice.alternatives += alternatives_of(completion)
                     choice.text += completion.text
                     if completion.finish_reason is not None:
                         choice.finish_reason = completion.finish_reason.value

@@ -10,10 +10,10 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from tether.chat import JsonDict
-from tether.engine.async_engine import RequestDelta
+from tether.engine.async_engine import CompletionDelta, RequestDelta
 from tether.serving.jobs import Job
 from tether.serving.replies import ReplyReader
-from tether.serving.responses import Choice, ResponseWriter
+from tether.serving.responses import Choice, ResponseWriter, alternatives_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +60,17 @@ async def sse(
     yield "data: [DONE]\n\n"
 
 
-def _bodies(writer: ResponseWriter, job: Job, text: ReplyReader, completion: Any) -> list[JsonDict]:
+def _bodies(
+    writer: ResponseWriter, job: Job, text: ReplyReader, completion: CompletionDelta
+) -> list[JsonDict]:
     """The chunk bodies one sample's delta makes: its text (content and calls), logprobs, finish."""
     reason = completion.finish_reason.value if completion.finish_reason else None
     if job.kind == "text":
         if not (completion.text or reason or job.logprobs):
             return []
-        logprobs = writer.logprobs(job, completion.token_ids, completion.logprobs)
+        logprobs = writer.logprobs(
+            job, completion.token_ids, completion.logprobs, alternatives_of(completion)
+        )
         return [
             {
                 "index": completion.index,
@@ -78,12 +82,14 @@ def _bodies(writer: ResponseWriter, job: Job, text: ReplyReader, completion: Any
     deltas = text.feed(completion.text) + (text.finish() if reason is not None else [])
     if not deltas and (reason is not None or (job.logprobs and completion.token_ids)):
         deltas = [{}]
-    bodies = [
+    bodies: list[JsonDict] = [
         {"index": completion.index, "delta": delta, "logprobs": None, "finish_reason": None}
         for delta in deltas
     ]
     if bodies and job.logprobs:
-        bodies[0]["logprobs"] = writer.logprobs(job, completion.token_ids, completion.logprobs)
+        bodies[0]["logprobs"] = writer.logprobs(
+            job, completion.token_ids, completion.logprobs, alternatives_of(completion)
+        )
     if bodies:
         bodies[-1]["finish_reason"] = text.finish_reason(reason)
     return bodies
