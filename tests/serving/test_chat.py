@@ -300,3 +300,19 @@ def test_fuzzed_tool_and_format_fields_get_a_client_error_or_a_completion(
         assert_client_error_or_success(response.status_code, response.content, route=f"{CHAT} ({place})")
 
     property()
+
+
+async def test_model_without_a_chat_template_serves_text_and_refuses_chats(
+    served: tuple[AsyncEngine, FastAPI], tiny_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    tokenizer.chat_template = None
+    app = create_app(served[0], tokenizer, MODEL)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        refused = await client.post(CHAT, json=chat())
+        text = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+    assert "no chat template" in refused.json()["error"]["message"]
+    assert text.status_code == 200

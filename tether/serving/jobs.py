@@ -57,7 +57,10 @@ class JobFactory:
         self, tokenizer: PreTrainedTokenizerBase, model_name: str, vocab_size: int, max_model_len: int
     ) -> None:
         self.tokenizer = tokenizer
-        self.template = ChatTemplate(tokenizer)
+        try:
+            self.template: ChatTemplate | None = ChatTemplate(tokenizer)
+        except ChatError:  # a base model: it serves text completions only
+            self.template = None
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -71,12 +74,17 @@ class JobFactory:
                 "max_completion_tokens: give it or its deprecated alias max_tokens, not both",
                 "max_completion_tokens",
             )
-        fmt = self.template.format or HERMES
+        template = self.template
+        if template is None:
+            raise APIError(
+                400, "messages: the served model has no chat template; use /v1/completions", "messages"
+            )
+        fmt = template.format or HERMES
         plan = plan_chat(body, fmt)
         try:
             if plan.tools or any("tool_calls" in m or m["role"] == "tool" for m in plan.messages):
-                fmt = self.template.tool_format()
-            ids = self.template.encode(plan.messages, plan.tools)
+                fmt = template.tool_format()
+            ids = template.encode(plan.messages, plan.tools)
         except ChatError as error:
             param = "tools" if body.tools else "messages"
             raise APIError(400, f"{param}: {error}", param) from None
