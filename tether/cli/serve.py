@@ -39,8 +39,7 @@ def serve_command(
     dtype: DTypeOption = "float32",
     cache_dir: CacheDirOption = None,
 ) -> None:
-    """Serve a model: POST /v1/chat/completions (tools, tool calls, response_format) and /v1/completions,
-    GET /v1/models, /healthz, /metrics."""
+    """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
     from tether.models.precision import DType, resolve_device
     from tether.serving.launcher import listen, serve
 
