@@ -38,6 +38,19 @@ def served(tiny_path: Path) -> Iterator[tuple[AsyncEngine, FastAPI]]:
     async_engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def smollm2_url(smollm2_folder: Path) -> Iterator[str]:
+    """The real SmolLM2 served as `smollm2-135m-instruct` behind a real socket: the `/v1` base URL."""
+    engine, tokenizer = LLMEngine.from_pretrained(smollm2_folder, kv_cache_mib=192, max_model_len=2048)
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        with live_server(create_app(async_engine, tokenizer, "smollm2-135m-instruct")) as address:
+            yield f"{address}/v1"
+    finally:
+        async_engine.shutdown()
+
+
 @pytest.fixture
 async def client(served: tuple[AsyncEngine, FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=served[1])

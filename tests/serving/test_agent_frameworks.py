@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +27,6 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
-from tests.live_server import live_server
-from tether.engine.async_engine import AsyncEngine
-from tether.engine.llm_engine import LLMEngine
-from tether.serving.app import create_app
-
 MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tether.engine.grammar") is None,
@@ -41,19 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def url(smollm2_folder: Path) -> Iterator[str]:
-    engine, tokenizer = LLMEngine.from_pretrained(smollm2_folder, kv_cache_mib=192, max_model_len=2048)
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
-    try:
-        with live_server(create_app(async_engine, tokenizer, MODEL)) as address:
-            yield f"{address}/v1"
-    finally:
-        async_engine.shutdown()
-
-
-async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(url: str) -> None:
+async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(smollm2_url: str) -> None:
     set_tracing_disabled(True)
     ran: list[tuple[str, dict[str, Any]]] = []
 
@@ -69,7 +50,7 @@ async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(url: str) -> None:
         ran.append(("add", {"a": a, "b": b}))
         return a + b
 
-    client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    client = AsyncOpenAI(base_url=smollm2_url, api_key="unused", max_retries=0, timeout=120)
     agent = Agent(
         name="helper",
         instructions="You answer with the help of your tools.",
@@ -90,7 +71,7 @@ async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(url: str) -> None:
     assert "<tool_call>" not in result.final_output
 
 
-def test_langchain_bind_tools_calls_and_answers_the_results(url: str) -> None:
+def test_langchain_bind_tools_calls_and_answers_the_results(smollm2_url: str) -> None:
     @tool
     def get_weather(city: str) -> str:
         """The current weather in a city."""
@@ -103,7 +84,7 @@ def test_langchain_bind_tools_calls_and_answers_the_results(url: str) -> None:
 
     tools = {"get_weather": get_weather, "add": add}
     chat = ChatOpenAI(
-        base_url=url, api_key="unused", model=MODEL, temperature=0, max_tokens=60, max_retries=0
+        base_url=smollm2_url, api_key="unused", model=MODEL, temperature=0, max_tokens=60, max_retries=0
     )
     question = HumanMessage("What is 2 + 3?")
     reply = chat.bind_tools(list(tools.values()), tool_choice="add").invoke([question])

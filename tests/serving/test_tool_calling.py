@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
-from fastapi import FastAPI
-
-from tests.live_server import live_server
-from tether.engine.async_engine import AsyncEngine
-from tether.engine.llm_engine import LLMEngine
-from tether.serving.app import create_app
 
 MODEL = "smollm2-135m-instruct"
 # Until the engine's constrained decoder lands (tether/engine/grammar.py), grammars are not enforced and
@@ -59,22 +51,9 @@ TOOLS: list[Any] = [
 QUESTION: list[Any] = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
 
 
-@pytest.fixture(scope="module")
-def url(smollm2_folder: Path) -> Iterator[str]:
-    engine, tokenizer = LLMEngine.from_pretrained(smollm2_folder, kv_cache_mib=192, max_model_len=2048)
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
-    app: FastAPI = create_app(async_engine, tokenizer, MODEL)
-    try:
-        with live_server(app) as address:
-            yield f"{address}/v1"
-    finally:
-        async_engine.shutdown()
-
-
 @pytest.fixture
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+def client(smollm2_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smollm2_url, api_key="unused", max_retries=0, timeout=120)
 
 
 def assert_valid_call(name: str, arguments: str) -> dict[str, Any]:
