@@ -550,3 +550,21 @@ async def test_top_logprobs_list_the_most_likely_tokens_first(client: httpx.Asyn
     assert streamed == whole
     legacy = (await client.post(TEXT, json=text(logprobs=2, temperature=0, max_tokens=4))).json()
     assert all(1 <= len(top) <= 2 for top in legacy["choices"][0]["logprobs"]["top_logprobs"])
+
+
+@pytest.mark.parametrize("path", [CHAT, TEXT])
+async def test_each_streamed_sample_finishes_once(client: httpx.AsyncClient, path: str) -> None:
+    # Stop strings end the samples at different steps; the engine repeats a finished sample's last state
+    # while the others go on, which must not repeat its finish.
+    fields: dict[str, Any] = {
+        "n": 4,
+        "stop": ["e", "a"],
+        "temperature": 1.0,
+        "seed": 3,
+        "max_tokens": 40,
+        "stream": True,
+    }
+    body = chat(**fields) if path == CHAT else text(**fields)
+    events = sse_events((await client.post(path, json=body)).text)
+    finishes = [c["index"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2, 3]

@@ -3,18 +3,21 @@ and a good one becomes the conversation, tools and grammar the engine runs."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import assert_client_error_or_success, encode, mutated_bodies
-from tests.serving.conftest import CHAT, MODEL, chat, send_sync
+from tests.serving.conftest import CHAT, MODEL, chat, send_sync, sse_events
 from tether.chat.tool_format import HERMES
 from tether.engine.async_engine import AsyncEngine
 from tether.engine.llm_engine import LLMEngine
@@ -316,3 +319,42 @@ async def test_model_without_a_chat_template_serves_text_and_refuses_chats(
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
     assert "no chat template" in refused.json()["error"]["message"]
     assert text.status_code == 200
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tether.engine.grammar") is None,
+    reason="needs grammar-constrained decoding in the engine",
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_required_call_from_a_random_model_is_valid_for_its_schema(
+    client: httpx.AsyncClient, stream: bool
+) -> None:
+    small = {"type": "integer", "minimum": 0, "maximum": 99}
+    schema = {**ADD_PARAMETERS, "properties": {"a": small, "b": small}, "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]
+    body = chat(
+        tools=tools, tool_choice="required", max_tokens=120, temperature=1.0, seed=7, n=2, stream=stream
+    )
+    response = await client.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    if stream:
+        events = sse_events(response.text)
+        content = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+        calls = [
+            (c["index"], call)
+            for e in events
+            for c in e["choices"]
+            for call in c["delta"].get("tool_calls", [])
+        ]
+        reasons = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert content == "" and sorted(index for index, _ in calls) == [0, 1]
+        entries = [call for _, call in calls]
+    else:
+        choices = response.json()["choices"]
+        assert all(choice["message"]["content"] is None for choice in choices)
+        reasons = [choice["finish_reason"] for choice in choices]
+        entries = [call for choice in choices for call in choice["message"]["tool_calls"]]
+    assert reasons == ["tool_calls", "tool_calls"]
+    for entry in entries:
+        assert entry["type"] == "function" and entry["function"]["name"] == "add"
+        jsonschema.validate(json.loads(entry["function"]["arguments"]), schema)

@@ -40,13 +40,17 @@ class ReplyReader:
         self.calls = 0
         self.spoken = False  # content went out: later whitespace may matter
         self.pending = ""  # whitespace not yet known to be more than a separator
+        self.finished = False
 
     def feed(self, text: str) -> list[JsonDict]:
+        assert not self.finished, "feed after finish"
         if self.parser is None:
             return [{"content": text}] if text else []
         return self._deltas(self.parser.feed(text))
 
     def finish(self) -> list[JsonDict]:
+        """The end of the sample: what the parser held back."""
+        self.finished = True
         return [] if self.parser is None else self._deltas(self.parser.finish())
 
     def finish_reason(self, reason: str | None) -> str | None:

@@ -44,6 +44,8 @@ async def sse(
             while delta is not None:
                 last = delta
                 for completion in delta.completions:
+                    if texts[completion.index].finished:  # repeated while other samples go on
+                        continue
                     choices[completion.index].token_ids += completion.token_ids
                     for body in _bodies(writer, job, texts[completion.index], completion):
                         yield chunk(body)
@@ -66,6 +68,8 @@ def _bodies(
     """The chunk bodies one sample's delta makes: its text (content and calls), logprobs, finish."""
     reason = completion.finish_reason.value if completion.finish_reason else None
     if job.kind == "text":
+        if reason is not None:
+            text.finish()
         if not (completion.text or reason or job.logprobs):
             return []
         logprobs = writer.logprobs(
