@@ -205,9 +205,10 @@ def request(**fields: Any) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({**with_tools(), **fields})
 
 
-def test_tool_choice_defaults_to_auto_with_tools_and_grammar_only_when_a_call_is_required() -> None:
+def test_tool_choice_defaults_to_auto_with_tools_and_every_call_is_constrained() -> None:
     auto = plan_chat(request(), HERMES)
-    assert auto.mode is ToolMode.AUTO and auto.reads_calls and auto.structured is None
+    assert auto.mode is ToolMode.AUTO and auto.reads_calls
+    assert auto.structured is not None and "PROSE" in auto.structured.spec
     assert [spec.name for spec in auto.tools] == ["add"]
     required = plan_chat(request(tool_choice="required"), HERMES)
     named = plan_chat(request(tool_choice={"type": "function", "function": {"name": "add"}}), HERMES)

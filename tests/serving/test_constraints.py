@@ -90,6 +90,32 @@ def test_tool_grammar_admits_exactly_calls_valid_for_the_tool_schemas(
     assert accepts(structured, text, tokenizer, vocabulary) is accepted
 
 
+@pytest.mark.parametrize(
+    ("parallel", "text", "accepted"),
+    [
+        (True, "Just prose, no call at all.", True),
+        (True, "a < b, and <tool is no tag", True),
+        (True, f"Let me look.\n{WEATHER_CALL}", True),
+        (True, f"{WEATHER_CALL}\n{ADD_CALL}\nDone.", True),
+        (False, f"{WEATHER_CALL}\n{ADD_CALL}", False),
+        (False, f"One call: {ADD_CALL} and prose after it", True),
+        (True, f"{WEATHER_CALL}\n{ADD_CALL}\n{ADD_CALL}", False),  # more calls than tools
+        (True, "Sure: <tool_call> whatever", False),  # an opened call must be one
+        (True, WEATHER_CALL.replace('"C"', '"K"'), False),
+        (True, ADD_CALL.replace('"add"', '"multiply"'), False),  # no such tool
+    ],
+)
+def test_prose_grammar_leaves_text_free_but_every_opened_call_valid(
+    tokenizer: PreTrainedTokenizerBase,
+    vocabulary: llguidance.LLTokenizer,
+    parallel: bool,
+    text: str,
+    accepted: bool,
+) -> None:
+    structured = tool_constraint([WEATHER, ADD], HERMES, parallel=parallel, prose=True)
+    assert accepts(structured, text, tokenizer, vocabulary) is accepted
+
+
 def test_tool_grammar_with_an_alternative_also_admits_the_answer(
     tokenizer: PreTrainedTokenizerBase, vocabulary: llguidance.LLTokenizer
 ) -> None:

@@ -157,5 +157,8 @@ def plan_chat(body: ChatCompletionRequest, fmt: ToolFormat) -> ChatPlan:
             answer = body.response_format.json_schema.json_schema
         assert isinstance(body.response_format, JsonSchemaFormat | JsonObjectFormat)
         structured = tool_constraint(tools, fmt, parallel=body.parallel_tool_calls, alternative=answer)
+    elif tools and mode is ToolMode.AUTO:
+        # prose is free, but a call the model starts is a valid one (and only one unless parallel)
+        structured = tool_constraint(tools, fmt, parallel=body.parallel_tool_calls, prose=True)
     shown = tuple(tools) if mode is not ToolMode.NONE else ()
     return ChatPlan(messages, shown, mode, body.parallel_tool_calls, structured)

@@ -9,6 +9,7 @@ compiled once by llguidance only to prove they can be enforced; the engine enfor
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -74,22 +75,39 @@ def _laid_out(schema: JsonDict) -> str:
 
 
 def tool_call_grammar(
-    tools: list[ToolSpec], fmt: ToolFormat, *, parallel: bool, alternative: JsonDict | None = None
+    tools: list[ToolSpec],
+    fmt: ToolFormat,
+    *,
+    parallel: bool,
+    prose: bool = False,
+    alternative: JsonDict | None = None,
 ) -> str:
-    """A Lark grammar of one call (up to one per tool when `parallel`) of one of `tools`, written as
-    `fmt.call_text` writes calls (blocks on lines of their own), arguments valid for the tool's schema;
-    with `alternative`, a JSON value valid for that schema may stand instead of calls."""
+    """A Lark grammar of calls of `tools` written as `fmt.call_text` writes them, arguments valid for the
+    tool's schema: one call, or up to one per tool when `parallel` (small models repeat a call until
+    their budget runs out when a grammar lets them). With `prose`, free text may stand around and
+    instead of calls, but every opening tag it writes starts a valid call (a lazy lexeme ends the text at
+    the tag); with `alternative`, a JSON value valid for that schema may stand instead of calls."""
     assert tools, "a tool call grammar needs a tool"
-    # Parallel calls are bounded by the number of tools: small models repeat a call until the budget
-    # runs out when the grammar lets them.
-    calls = f'call ("\\n" call){{0,{len(tools) - 1}}}' if parallel and len(tools) > 1 else "call"
+    assert "/" not in fmt.call_open, "the opening tag is written into a regular expression"
+    most = len(tools) if parallel else 1
     names = " | ".join(f"tool_{index}" for index in range(len(tools)))
-    opening, closing = _literal(fmt.call_open + "\n"), _literal("\n" + fmt.call_close)
-    rules = [
-        "%llguidance {}",
-        f"start: {calls}" + (" | answer" if alternative is not None else ""),
-        f"call: {opening} ({names}) {closing}",
-    ]
+    closing = _literal("\n" + fmt.call_close)
+    if prose:
+        rules = [
+            "%llguidance {}",
+            f"start: call{{0,{most}}} tail",
+            "tail: PROSE",
+            f"PROSE: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(fmt.call_open)}(.|\\n)*/",
+            f"opening[lazy]: PROSE {_literal(fmt.call_open)}",
+            f'call: opening "\\n" ({names}) {closing}',
+        ]
+    else:
+        calls = f'call ("\\n" call){{0,{most - 1}}}' if most > 1 else "call"
+        rules = [
+            "%llguidance {}",
+            f"start: {calls}" + (" | answer" if alternative is not None else ""),
+            f'call: {_literal(fmt.call_open)} "\\n" ({names}) {closing}',
+        ]
     for index, tool in enumerate(tools):
         head = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
         rules.append(f'tool_{index}: {_literal(head)} %json {_laid_out(tool.parameters)} "}}"')
@@ -104,6 +122,7 @@ def tool_constraint(
     *,
     only: str | None = None,
     parallel: bool,
+    prose: bool = False,
     alternative: JsonDict | None = None,
 ) -> StructuredOutput:
     """The grammar of `tool_call_grammar` over `tools` (only the one named `only`, when given), proven
@@ -112,5 +131,7 @@ def tool_constraint(
     for index, tool in chosen:
         param = f"tools.{index}.function.parameters"
         _enforceable(StructuredOutput("json_schema", json.dumps(tool.parameters)), param)
-    grammar = tool_call_grammar([tool for _, tool in chosen], fmt, parallel=parallel, alternative=alternative)
+    grammar = tool_call_grammar(
+        [tool for _, tool in chosen], fmt, parallel=parallel, prose=prose, alternative=alternative
+    )
     return _enforceable(StructuredOutput("lark", grammar), "tools")
