@@ -1,6 +1,7 @@
 """What a chat request's output must follow, stated as the engine's `StructuredOutput`: the
-`response_format` (any JSON object, or JSON valid for a schema) and, when `tool_choice` is `required` or
-names a function, the tool-call syntax with each tool's arguments schema.
+`response_format` (any JSON object, or JSON valid for a schema) and the tool-call syntax with each tool's
+arguments schema: calls only when `tool_choice` is `required` or names a function, free prose around
+calls under `auto`.
 
 Pure: schemas are checked here (a 400 naming the field, before the engine sees them) and grammars are
 compiled once by llguidance only to prove they can be enforced; the engine enforces them while decoding.
