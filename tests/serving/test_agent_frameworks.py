@@ -59,12 +59,12 @@ async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(smollm2_url: str) 
         # required on the first turn; the SDK resets it to auto once a tool ran, and the model answers
         model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
     )
-    result = await Runner.run(agent, "What is the weather in Paris? And what is 2 + 3?", max_turns=4)
+    # Greedy SmolLM2 calls both tools for this wording (a plainer one gets `add` twice).
+    result = await Runner.run(agent, "First get the weather in Paris, then add 2 and 3.", max_turns=4)
     await client.close()
 
-    assert ran, "the agent ran no tool"
-    for name, arguments in ran:
-        assert name in ("get_weather", "add") and arguments
+    assert {name for name, _ in ran} == {"get_weather", "add"}, ran
+    assert ("add", {"a": 2, "b": 3}) in ran
     items = [type(item).__name__ for item in result.new_items]
     assert "ToolCallItem" in items and "ToolCallOutputItem" in items
     assert items[-1] == "MessageOutputItem" and isinstance(result.final_output, str) and result.final_output
