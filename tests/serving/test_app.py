@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,76 +24,18 @@ from tests.fuzz import (
     mutated_bodies,
     surrogate_text,
 )
-from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig, EngineStoppedError, _held_back
+from tests.serving.conftest import CHAT, MODEL, TEXT, aborted_count, chat, send_sync, sse_events, text
+from tether.engine.async_engine import (
+    AsyncEngine,
+    AsyncEngineConfig,
+    CompletionDelta,
+    EngineStoppedError,
+    _held_back,
+)
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.models.governor import ThreadGovernor
 from tether.serving.app import create_app
-from tether.testing import make_tiny_model
-
-MODEL = "tiny-qwen3"
-CHAT = "/v1/chat/completions"
-TEXT = "/v1/completions"
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen3", seed=0)
-
-
-@pytest.fixture(scope="module")
-def served(tiny_path: Path) -> Iterator[tuple[AsyncEngine, FastAPI]]:
-    engine, tokenizer = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=4, max_model_len=256)
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
-    yield async_engine, create_app(async_engine, tokenizer, MODEL)
-    async_engine.shutdown()
-
-
-@pytest.fixture
-async def client(served: tuple[AsyncEngine, FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=served[1])
-    async with httpx.AsyncClient(transport=transport, base_url="http://tether", timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def live_url(served: tuple[AsyncEngine, FastAPI]) -> Iterator[str]:
-    """The same app behind a real uvicorn on a free local port, in a background thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(served[1], log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
-
-
-def sse_events(text: str) -> list[Any]:
-    lines = [line for line in text.split("\n\n") if line]
-    assert all(line.startswith("data: ") for line in lines), text
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-
-
-def aborted_count(app: FastAPI) -> float:
-    value = app.state.server.metrics.registry.get_sample_value("tether_requests_total", {"status": "aborted"})
-    return float(value or 0)
-
-
-def chat(content: str = "hello", **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **fields}
-
-
-def text(prompt: str | list[int] = "hello", **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": 8, **fields}
 
 
 @pytest.mark.parametrize(
@@ -255,11 +193,17 @@ async def test_full_queue_is_refused_with_503(tiny_path: Path) -> None:
     assert response.json()["error"]["code"] == "engine_overloaded"
 
 
-BAD_REQUESTS = [
+BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
     ("unknown-model", TEXT, {**text(), "model": "gpt-4"}, 404, "model"),
     ("zero-max-tokens", TEXT, text(max_tokens=0), 400, "max_tokens"),
     ("negative-max-tokens", CHAT, chat(max_tokens=-3), 400, "max_tokens"),
-    ("zero-max-completion-tokens", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    (
+        "zero-max-completion-tokens",
+        CHAT,
+        chat(max_tokens=None, max_completion_tokens=0),
+        400,
+        "max_completion_tokens",
+    ),
     ("prompt-too-long", TEXT, text("x" * 300), 400, "prompt"),
     ("prompt-plus-max-tokens-too-long", TEXT, text("x" * 200, max_tokens=100), 400, "prompt"),
     ("empty-prompt", TEXT, text(""), 400, "prompt"),
@@ -271,8 +215,11 @@ BAD_REQUESTS = [
     ("min-p-one", TEXT, text(min_p=1), 400, "min_p"),
     ("zero-n", CHAT, chat(n=0), 400, "n"),
     ("empty-stop", CHAT, chat(stop=[""]), 400, "stop"),
-    ("top-logprobs", CHAT, chat(logprobs=True, top_logprobs=3), 400, "top_logprobs"),
-    ("completion-logprobs", TEXT, text(logprobs=2), 400, "logprobs"),
+    ("top-logprobs-over-20", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    ("top-logprobs-negative", CHAT, chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
+    ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs"),
+    ("completion-logprobs-over-20", TEXT, text(logprobs=21), 400, "logprobs"),
+    ("both-max-tokens", CHAT, chat(max_completion_tokens=4), 400, "max_completion_tokens"),
     ("no-messages", CHAT, {**chat(), "messages": []}, 400, "messages"),
     ("bad-role", CHAT, {**chat(), "messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
     ("missing-model", TEXT, {"prompt": "x"}, 400, "model"),
@@ -313,9 +260,8 @@ async def test_bad_request_gets_openai_error(
 
 
 UNSUPPORTED_FIELDS = [
-    (CHAT, "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    (CHAT, "tool_choice", "auto"),
-    (CHAT, "response_format", {"type": "json_object"}),
+    (CHAT, "functions", [{"name": "f", "parameters": {}}]),
+    (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     (TEXT, "frequency_penalty", 0.5),
     (CHAT, "presence_penalty", 0.5),
     (TEXT, "logit_bias", {"50256": -100}),
@@ -356,18 +302,6 @@ async def test_unknown_endpoint_gets_json_error_listing_the_supported_ones(
         assert endpoint in error["message"]
 
 
-def _request(app: FastAPI, path: str, content: bytes, method: str = "POST") -> httpx.Response:
-    """One request of a JSON body, from a synchronous test (hypothesis runs its examples synchronously)."""
-
-    async def send() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://tether", timeout=60) as client:
-            headers = {"content-type": "application/json"}
-            return await client.request(method, path, content=content, headers=headers)
-
-    return asyncio.run(send())
-
-
 # Short generations: the property is about refusals, and a mutated body may drop max_tokens.
 FUZZ_EXAMPLES = {
     CHAT: {**chat(), "max_tokens": 2, "stop": ["x"], "temperature": 0.5, "n": 1, "stream": False},
@@ -386,7 +320,7 @@ def test_fuzzed_bodies_get_a_client_error_or_a_completion(
     def property(body: dict[str, Any], max_tokens: int) -> None:
         if body.get("max_tokens") is None or body.get("n") not in (None, 1):
             body = {**body, "max_tokens": max_tokens}  # keep every accepted request to a few tokens
-        response = _request(app, path, encode(body))
+        response = send_sync(app, path, encode(body))
         assert_client_error_or_success(response.status_code, response.content, route=path)
 
     property()
@@ -405,7 +339,7 @@ def test_any_method_and_body_on_any_route_gets_a_client_error_or_a_success(
         body=json_values,
     )
     def property(method: str, path: str, body: Any) -> None:
-        response = _request(app, path, encode(body), method)
+        response = send_sync(app, path, encode(body), method)
         assert_client_error_or_success(response.status_code, response.content, route=f"{method} {path}")
 
     property()
@@ -443,7 +377,7 @@ def test_lone_surrogate_in_any_text_field_is_refused_naming_the_field(
     @given(place=st.sampled_from(TEXT_FIELDS[path]), value=surrogate_text)
     def property(place: tuple[str, Any], value: str) -> None:
         field, fields = place
-        response = _request(app, path, encode({**FUZZ_EXAMPLES[path], **fields(value)}))
+        response = send_sync(app, path, encode({**FUZZ_EXAMPLES[path], **fields(value)}))
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == field and "lone UTF-16 surrogate" in error["message"], error
@@ -591,3 +525,46 @@ def test_adapt_threads_gives_the_runner_a_governor(tiny_path: Path) -> None:
     fixed, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, max_model_len=128)
     assert isinstance(adaptive.runner.governor, ThreadGovernor)
     assert fixed.runner.governor is None
+
+
+@pytest.mark.skipif(
+    "top_logprobs" not in CompletionDelta.__dataclass_fields__,
+    reason="needs the engine's top alternatives in its deltas",
+)
+async def test_top_logprobs_list_the_most_likely_tokens_first(client: httpx.AsyncClient) -> None:
+    fields: dict[str, Any] = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "logprobs": True}
+    fields["top_logprobs"] = 3
+    whole = (await client.post(CHAT, json=chat(**fields))).json()["choices"][0]["logprobs"]["content"]
+    assert len(whole) == 6
+    for entry in whole:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 3 and [t["logprob"] for t in tops] == sorted(
+            (t["logprob"] for t in tops), reverse=True
+        )
+        assert (tops[0]["token"], tops[0]["logprob"]) == (entry["token"], pytest.approx(entry["logprob"]))
+        assert all(t["bytes"] == list(t["token"].encode()) for t in tops)
+    events = sse_events((await client.post(CHAT, json=chat(stream=True, **fields))).text)
+    streamed = [
+        entry for e in events for c in e["choices"] if c["logprobs"] for entry in c["logprobs"]["content"]
+    ]
+    assert streamed == whole
+    legacy = (await client.post(TEXT, json=text(logprobs=2, temperature=0, max_tokens=4))).json()
+    assert all(1 <= len(top) <= 2 for top in legacy["choices"][0]["logprobs"]["top_logprobs"])
+
+
+@pytest.mark.parametrize("path", [CHAT, TEXT])
+async def test_each_streamed_sample_finishes_once(client: httpx.AsyncClient, path: str) -> None:
+    # Stop strings end the samples at different steps; the engine repeats a finished sample's last state
+    # while the others go on, which must not repeat its finish.
+    fields: dict[str, Any] = {
+        "n": 4,
+        "stop": ["e", "a"],
+        "temperature": 1.0,
+        "seed": 3,
+        "max_tokens": 40,
+        "stream": True,
+    }
+    body = chat(**fields) if path == CHAT else text(**fields)
+    events = sse_events((await client.post(path, json=body)).text)
+    finishes = [c["index"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2, 3]

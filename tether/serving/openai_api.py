@@ -1,8 +1,9 @@
 """OpenAI's request schemas for chat and text completions, and errors in OpenAI's error format.
 
-Pure data and validation: the HTTP app (`app.py`) parses requests with these models and answers
-every problem as `{"error": {"message", "type", "param", "code"}}`. Fields the models do not declare
-(tools, response_format, penalties, logit_bias, ...) are refused as not supported by this server.
+Pure data and shape validation: the HTTP app (`app.py`) parses requests with these models and answers
+every problem as `{"error": {"message", "type", "param", "code"}}`; what needs more than one field (a
+tool message answering an earlier call, a `tool_choice` naming a declared tool) is checked in `chat.py`.
+Fields the models do not declare (penalties, logit_bias, audio, ...) are refused as not supported.
 """
 
 from __future__ import annotations
@@ -10,25 +11,36 @@ from __future__ import annotations
 import re
 import reprlib
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from tether.web import AsciiJSONResponse
 
 
-def _lone_surrogate(value: object) -> str | None:
-    """Where a string of `value` (a string or a list of them) holds a lone UTF-16 surrogate, if any."""
-    for index, text in enumerate(value if isinstance(value, list) else [value]):
-        if not isinstance(text, str):
-            continue
+def _lone_surrogate(value: object, where: str = "", deep: bool = False) -> str | None:
+    """Where a string of `value` (a string or a list of them; `deep`: any JSON value, keys included)
+    holds a lone UTF-16 surrogate, if any."""
+    if isinstance(value, str):
         try:
-            text.encode("utf-8")
+            value.encode("utf-8")
         except UnicodeEncodeError as error:
-            where = f"item {index}, " if isinstance(value, list) else ""
-            return f"{text[error.start]!r} at {where}index {error.start}"
+            return f"{value[error.start]!r} at {where}index {error.start}"
+        return None
+    items: list[tuple[str, object]] = []
+    if isinstance(value, list):
+        items = [(f"item {index}, ", item) for index, item in enumerate(value)]
+        if not deep:  # the items of a list of models are checked by the models' own validator
+            items = [(place, item) for place, item in items if isinstance(item, str)]
+    elif isinstance(value, dict) and deep:
+        items = [(f"key {_quote(key)}, ", key) for key in value]
+        items += [(f"{_quote(key)}: ", item) for key, item in value.items()]
+    for place, item in items:
+        found = _lone_surrogate(item, where + place, deep)
+        if found is not None:
+            return found
     return None
 
 
@@ -57,6 +69,17 @@ class _Request(BaseModel):
 
 class _Strict(_Request):
     model_config = ConfigDict(extra="forbid")
+
+
+def _valid_json_text(value: object) -> object:
+    """A free JSON value (a schema) must hold only Unicode text too: it becomes part of the prompt."""
+    found = _lone_surrogate(value, deep=True)
+    if found is not None:
+        raise ValueError(f"holds a lone UTF-16 surrogate ({found}): expected valid Unicode text")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], BeforeValidator(_valid_json_text)]
 
 
 class StreamOptions(_Strict):
@@ -90,6 +113,24 @@ class ContentPart(_Request):
     text: str
 
 
+# OpenAI's rule for function and response-format names.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str
+    """JSON text, as the model wrote it."""
+
+
+class ToolCallParam(_Request):
+    """A call of an earlier assistant message, sent back in the history."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: (
@@ -99,12 +140,84 @@ class ChatMessage(_Request):
         | None
     ) = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    """Assistant messages only."""
+    tool_call_id: str | None = None
+    """Tool messages only: the call this message answers."""
 
-    def as_template_input(self) -> dict[str, str]:
+    @property
+    def text(self) -> str:
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+            return "".join(part.text for part in content)
+        return content or ""
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: JsonObject | None = None
+    """A JSON schema of the arguments object; absent means a function without arguments."""
+    strict: bool | None = None
+    """Arguments follow `parameters` exactly; they do whenever decoding is constrained to a call."""
+
+
+class ToolParam(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    json_schema: JsonObject = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+def _format_type(value: object) -> str:
+    return f"{value.get('type')}_format" if isinstance(value, dict) else "json_schema_format"
+
+
+def _choice_type(value: object) -> str:
+    return "function_choice" if isinstance(value, dict) else "str"
+
+
+# Told apart by `type` (by the JSON type for tool_choice), so that a refusal names only the branch that
+# was asked for; the tags are left out of its location (see `validation_error`).
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("text_format")]
+    | Annotated[JsonObjectFormat, Tag("json_object_format")]
+    | Annotated[JsonSchemaFormat, Tag("json_schema_format")],
+    Discriminator(_format_type),
+]
+ToolChoice = Annotated[
+    Annotated[Literal["auto", "none", "required"], Tag("str")]
+    | Annotated[NamedToolChoice, Tag("function_choice")],
+    Discriminator(_choice_type),
+]
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -112,6 +225,11 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    """Default: "auto" with tools, "none" without."""
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(GenerationRequest):
@@ -152,7 +270,7 @@ def _quote(value: object) -> str:
     return short.repr(value)
 
 
-_UNION_TAGS = ("str", "list")
+_UNION_TAGS = ("str", "list", "function_choice", "text_format", "json_object_format", "json_schema_format")
 
 
 def validation_error(error: RequestValidationError, model: type[BaseModel] | None = None) -> APIError:
@@ -174,6 +292,10 @@ def validation_error(error: RequestValidationError, model: type[BaseModel] | Non
         if problem.get("type") == "extra_forbidden":
             unsupported = unsupported or len(location) == 1
             problems.append(f"{name}: not supported by this server")
+        elif problem.get("type") == "union_tag_invalid":  # a `type` no branch has
+            expected = str(problem.get("ctx", {}).get("expected_tags", "")).replace("_format", "")
+            kind = problem.get("input", {}).get("type") if isinstance(problem.get("input"), dict) else None
+            problems.append(f"{name}: type {_quote(kind)} is not supported: expected one of {expected}")
         else:
             reason = str(problem.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for ours
             problems.append(f"{name}: {reason} (got {_quote(problem.get('input'))})")
