@@ -19,16 +19,17 @@ from tether.chat.tool_format import HERMES, MALFORMED_TOOL
 from tether.envs import math as math_envs
 from tether.envs import structured
 from tether.envs.context import ScoringContext
-from tether.envs.episode import Environment, Tool
+from tether.envs.episode import Environment
 from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry, Mixture
 from tether.envs.rubric import hedged
-from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
+from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Problem
 from tether.errors import ConfigError
 from tether.eval.runner import EpisodeRecord, EvalSettings, plan_episodes, run_eval
 from tether.testing.scripted import ScriptedClient
+from tether.tools import Tool, Workspace
 
 
 def registry() -> EnvRegistry:
@@ -176,13 +177,15 @@ class _Secrets:
         )
 
 
-async def _lookup(arguments: dict[str, Any], state: EpisodeState) -> str:
-    return str(state.task.data["secret"])
+LOOKED_UP = "s3"  # what `lookup` reads, whatever the seed: the secret of seed 3
 
 
-async def _answer(arguments: dict[str, Any], state: EpisodeState) -> str:
-    state.submitted = str(arguments["value"])
-    return "answered"
+async def _lookup(_workspace: Workspace, arguments: dict[str, Any], _key: str) -> str:
+    return LOOKED_UP
+
+
+async def _answer(_workspace: Workspace, arguments: dict[str, Any], _key: str) -> str:
+    return str(arguments["value"])  # an ending tool's result is the episode's final answer
 
 
 def _correct(inp: RewardInput) -> float:
@@ -198,7 +201,7 @@ def secrets_registry() -> EnvRegistry:
             renderer=ChatRenderer("Use the tools."),
             parser=ANSWER_TAG,
             rubric=Rubric((Reward("correctness", _correct),)),
-            tools=(Tool(LOOKUP, _lookup), Tool(ANSWER, _answer, ends_episode=True)),
+            tools=(Tool(LOOKUP, _lookup), Tool(ANSWER, _answer, ends=True)),
             max_turns=4,
         )
     )
@@ -304,10 +307,6 @@ async def test_the_in_process_engine_evaluates_concurrent_episodes(tiny_folder: 
     assert all(r.prompt_tokens > 0 and 0 < r.completion_tokens <= 4 for r in records)
 
 
-@pytest.mark.xfail(
-    reason="`tether serve` refuses tools until the serving branch of issue 17 lands; then this passes",
-    strict=True,
-)
 async def test_the_in_process_engine_takes_tools(tiny_folder: Path, tmp_path: Path) -> None:
     from tether.serving.engine_client import EngineClient
 

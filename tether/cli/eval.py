@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.chat import ChatClient
-from tether.chat.openai_client import OpenAIClient
 from tether.cli.common import (
     DeviceOption,
     DTypeOption,
@@ -177,6 +176,8 @@ async def _run(
     options: EvalSettings,
     path: Path,
 ) -> list[EpisodeRecord]:
+    from tether.chat.openai_client import OpenAIClient  # httpx: loaded once a command runs
+
     try:
         if isinstance(client, OpenAIClient):
             await client.check_reachable()  # a dead --base-url fails once, before the sandbox starts
