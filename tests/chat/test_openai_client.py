@@ -12,6 +12,7 @@ import pytest
 from tether.chat import ChatRequest, FinishReason, ToolCall, ToolSpec, Usage
 from tether.chat.completion import ModelError
 from tether.chat.openai_client import OpenAIClient
+from tether.chat.tool_format import MALFORMED_TOOL
 from tether.errors import ConfigError
 
 PYTHON = ToolSpec("python", "Run code.", {"type": "object", "properties": {"code": {"type": "string"}}})
@@ -108,3 +109,16 @@ async def test_an_unreachable_endpoint_is_named() -> None:
 def test_bad_settings_are_refused(url: str, concurrency: int) -> None:
     with pytest.raises(ConfigError):
         OpenAIClient(url, "m", concurrency=concurrency)
+
+
+async def test_a_call_block_left_in_the_content_reaches_the_caller_as_a_call() -> None:
+    content = 'Running it.<tool_call>{"name": "python", "arguments": {"code": 1</tool_call>'
+    body = {"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
+    with_tools = await client_answering(200, body, []).complete(
+        ChatRequest([{"role": "user", "content": "hi"}], tools=(PYTHON,))
+    )
+    assert with_tools.content == "Running it."
+    assert [call.name for call in with_tools.tool_calls] == [MALFORMED_TOOL]
+    assert with_tools.finish_reason is FinishReason.TOOL_CALLS
+    without = await client_answering(200, body, []).complete(ChatRequest([{"role": "user", "content": "hi"}]))
+    assert (without.content, without.tool_calls) == (content, [])

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 
 from tether.chat.completion import ChatRequest, Completion, FinishReason, ModelError, Usage
-from tether.chat.messages import ChatError, JsonDict, Message, tool_calls_of
+from tether.chat.messages import ChatError, JsonDict, ToolCall, assistant_message, tool_calls_of
+from tether.chat.tool_format import FORMATS
 from tether.errors import ConfigError
 
 REACHABLE_TIMEOUT_S = 10.0  # for a server to answer at all before work is spent on it
@@ -44,20 +45,32 @@ def request_body(model: str, request: ChatRequest) -> JsonDict:
     return body
 
 
-def read_completion(payload: Any) -> Completion:
-    """A `Completion` from a chat completion body; `ChatError` when it is not one."""
+def read_completion(payload: Any, tools_offered: bool = False) -> Completion:
+    """A `Completion` from a chat completion body; `ChatError` when it is not one.
+
+    With tools offered, call blocks left in the content (a server returns a block its parser could not
+    read as text, as vLLM and `tether serve` do) are read with the one tool-call format, so a malformed
+    call reaches the caller as a `MALFORMED_TOOL` call it answers, never as a silent final answer."""
     try:
         choice = payload["choices"][0]
         reply = choice["message"]
-        message: Message = {"role": "assistant", "content": reply.get("content") or ""}
-        if reply.get("tool_calls"):
-            message["tool_calls"] = [call.openai() for call in tool_calls_of(reply)]
+        content = reply.get("content") or ""
+        calls = tool_calls_of(reply)
         usage = Usage.from_openai(payload["usage"]) if payload.get("usage") else Usage()
         reason = choice.get("finish_reason") or "stop"
     except (KeyError, IndexError, TypeError, AttributeError) as error:
         raise ChatError(f"not a chat completion: {error!r}") from None
+    fmt = next((f for f in FORMATS.values() if f.call_open in content), None) if tools_offered else None
+    if fmt is not None:
+        parsed = fmt.parse(content, lambda index: f"call_text_{index}")
+        content = parsed.content
+        calls += [ToolCall.from_openai(raw) for raw in parsed.message().get("tool_calls", [])]
+    message = assistant_message(content, calls)
     known = {member.value for member in FinishReason}
-    return Completion(message, usage, FinishReason(reason) if reason in known else FinishReason.STOP)
+    finish = FinishReason(reason) if reason in known else FinishReason.STOP
+    if calls and finish is FinishReason.STOP:
+        finish = FinishReason.TOOL_CALLS
+    return Completion(message, usage, finish)
 
 
 class OpenAIClient:
@@ -104,7 +117,7 @@ class OpenAIClient:
             url = f"{self.base_url}/chat/completions"
             raise ModelError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}")
         try:
-            return read_completion(response.json())
+            return read_completion(response.json(), tools_offered=bool(request.tools))
         except (ValueError, ChatError) as error:
             raise ModelError(f"{self.base_url}/chat/completions: {error}") from None
 

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
+from tether.errors import lone_surrogate
 from tether.web import AsciiJSONResponse
 
 
@@ -24,11 +25,10 @@ def _lone_surrogate(value: object, where: str = "", deep: bool = False) -> str |
     """Where a string of `value` (a string or a list of them; `deep`: any JSON value, keys included)
     holds a lone UTF-16 surrogate, if any."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            return f"{value[error.start]!r} at {where}index {error.start}"
-        return None
+        found = lone_surrogate(value)
+        if found is None or not where:
+            return found
+        return f"{found} (in {where.rstrip(', ')})"
     items: list[tuple[str, object]] = []
     if isinstance(value, list):
         items = [(f"item {index}, ", item) for index, item in enumerate(value)]
@@ -63,7 +63,7 @@ class _Request(BaseModel):
         no character, which neither the tokenizer nor a response could encode."""
         found = _lone_surrogate(value)
         if found is not None:
-            raise ValueError(f"holds a lone UTF-16 surrogate ({found}): expected valid Unicode text")
+            raise ValueError(f"holds {found}")
         return value
 
 
@@ -75,7 +75,7 @@ def _valid_json_text(value: object) -> object:
     """A free JSON value (a schema) must hold only Unicode text too: it becomes part of the prompt."""
     found = _lone_surrogate(value, deep=True)
     if found is not None:
-        raise ValueError(f"holds a lone UTF-16 surrogate ({found}): expected valid Unicode text")
+        raise ValueError(f"holds {found}")
     return value
 
 
