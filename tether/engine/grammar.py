@@ -1,0 +1,176 @@
+"""Grammar-constrained decoding: `StructuredOutput` compiled against one tokenizer's vocabulary, and the
+allowed-token masks of the sequences that follow a grammar, computed off the forward pass's thread.
+
+The library is llguidance (Rust core, a CPU wheel with no dependencies, the constrained decoder of vLLM,
+SGLang and llama.cpp): it builds a matcher lazily (no per-grammar precompilation over the vocabulary, so
+a fresh JSON schema per request costs about a millisecond), its mask for SmolLM2's 49,152 tokens takes
+10-100 microseconds, it drops the GIL while computing, and it rolls back and deep-copies matchers. xgrammar
+needs a per-grammar compilation over the whole vocabulary and its wheel depends on torch (a CUDA build
+from PyPI's default index), which would replace the CPU torch this project pins.
+
+JSON (schema or any object) is compiled compact, without optional whitespace: a model cannot then fill
+its token budget with blanks between tokens that the grammar would have let it close. This module never
+tokenizes text and never touches the model; the engine applies the masks (`sampling.AllowedTokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import llguidance.hf
+import torch
+
+from tether.engine.scheduler import RequestError
+from tether.engine.structured import StructuredOutput
+from tether.errors import ConfigError
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+    from transformers import PreTrainedTokenizerBase
+
+# Compact JSON: no whitespace between tokens; schemas may still override it through "x-guidance".
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+CACHED_GRAMMARS = 64
+"""Compiled grammars kept per compiler, by (kind, spec): a server's repeated schemas compile once."""
+
+
+class Grammar:
+    """One compiled grammar; `matcher()` gives a fresh matcher for each sequence that follows it."""
+
+    __slots__ = ("_prototype", "structured")
+
+    def __init__(self, structured: StructuredOutput, prototype: llguidance.LLMatcher) -> None:
+        self.structured = structured
+        self._prototype = prototype  # never advanced: only copied
+
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._prototype.deep_copy()
+
+
+class GrammarCompiler:
+    """Compiles `StructuredOutput` for one vocabulary of `vocab_size` tokens (the model's logits' width:
+    tokens past the tokenizer's own are never allowed). Built once per engine."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, vocab_size: int) -> None:
+        if tokenizer.vocab_size > vocab_size:
+            raise ConfigError(
+                f"grammars: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+                f"vocabulary of {vocab_size}"
+            )
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_token_ids: Sequence[int]
+    ) -> GrammarCompiler:
+        """From a fast Hugging Face tokenizer (about 0.3 s for SmolLM2's); `eos_token_ids` are the tokens
+        that end a completion the grammar accepts."""
+        try:
+            wrapped = llguidance.hf.from_tokenizer(
+                tokenizer,  # type: ignore[arg-type]
+                n_vocab=vocab_size,
+                eos_token=list(eos_token_ids) or None,
+            )
+        except ValueError as error:
+            raise ConfigError(f"grammars: tokenizer {type(tokenizer).__name__}: {error}") from None
+        return cls(wrapped, vocab_size)
+
+    def compile(self, structured: StructuredOutput) -> Grammar:
+        """The grammar of `structured`, or a `RequestError` saying what in it is wrong."""
+        key = (structured.kind, structured.spec)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        text = grammar_text(structured)
+        prototype = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        if prototype.is_error():
+            raise RequestError(f"structured output {structured.kind}: {prototype.get_error()}")
+        grammar = Grammar(structured, prototype)
+        self._cache[key] = grammar
+        if len(self._cache) > CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        return grammar
+
+
+def grammar_text(structured: StructuredOutput) -> str:
+    """llguidance's grammar for `structured` (not yet checked against a vocabulary)."""
+    if structured.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if structured.kind == "json_schema":
+        try:
+            schema: Any = json.loads(structured.spec)
+        except json.JSONDecodeError as error:
+            raise RequestError(f"structured output json_schema: not JSON: {error}") from None
+        if not isinstance(schema, dict):
+            raise RequestError(
+                f"structured output json_schema: expected a JSON object, got {type(schema).__name__}"
+            )
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        except ValueError as error:
+            raise RequestError(f"structured output json_schema: {error}") from None
+    if structured.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(structured.spec)
+    assert structured.kind == "regex"
+    return llguidance.LLMatcher.grammar_from_regex(structured.spec)
+
+
+class TokenMasks:
+    """Allowed-token masks of many matchers at once, computed on a worker thread (`start`) while the
+    caller runs the forward pass, then unpacked on the logits' device into one [rows, vocab] bool tensor
+    (`result`): one gather for all constrained rows, whatever their count.
+
+    llguidance computes with `threads` Rust threads (default: one per four cores, at least one, so that on
+    a small machine the masks take one core from torch's threads for microseconds, not all of them)."""
+
+    def __init__(self, vocab_size: int, threads: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        count = threads if threads is not None else max(1, (os.cpu_count() or 1) // 4)
+        self._executor = llguidance.LLExecutor(num_threads=count)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tether-masks")
+        self._bits: dict[torch.device, torch.Tensor] = {}
+
+    def start(self, matchers: list[llguidance.LLMatcher]) -> Future[torch.Tensor]:
+        """Begin computing the masks of `matchers` (not advanced until `result`); a [rows, words] int32
+        bitmask whose bit j of word w allows token 32 w + j."""
+        bitmask = torch.zeros((len(matchers), self.words), dtype=torch.int32)
+
+        def fill() -> torch.Tensor:
+            self._executor.unsafe_compute_mask_ptr(
+                [(matcher, row) for row, matcher in enumerate(matchers)],
+                bitmask.data_ptr(),
+                self.words * 4,
+                len(matchers),
+            )
+            return bitmask
+
+        return self._thread.submit(fill)
+
+    def result(self, pending: Future[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """The masks `start` began, as [rows, vocab_size] bool on `device` (True: allowed)."""
+        return self.unpack(pending.result(), device)
+
+    def unpack(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # Little-endian words: byte i of a row holds tokens 8 i .. 8 i + 7, bit k token 8 i + k.
+        octets = bitmask.to(device, non_blocking=True).view(torch.uint8).long()
+        return self._byte_bits(device)[octets].reshape(bitmask.shape[0], -1)[:, : self.vocab_size]
+
+    def _byte_bits(self, device: torch.device) -> torch.Tensor:
+        """[256, 8] bool: the bits of each byte value, lowest first."""
+        if device not in self._bits:
+            values = torch.arange(256, dtype=torch.int32)[:, None]
+            self._bits[device] = ((values >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
+        return self._bits[device]
+
+    def close(self) -> None:
+        self._thread.shutdown()
