@@ -126,7 +126,7 @@ def grammar_text(structured: StructuredOutput) -> str:
 
 class TokenMasks:
     """Allowed-token masks of many matchers at once, computed on a worker thread (`start`) while the
-    caller runs the forward pass, then unpacked on the logits' device into one [rows, vocab] bool tensor
+    caller runs the forward pass, then unpacked on the logits' device into one [rows, vocab] bias
     (`result`): one gather for all constrained rows, whatever their count.
 
     llguidance computes with `threads` Rust threads (default: one per four cores, at least one, so that on
@@ -138,7 +138,7 @@ class TokenMasks:
         count = threads if threads is not None else max(1, (os.cpu_count() or 1) // 4)
         self._executor = llguidance.LLExecutor(num_threads=count)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tether-masks")
-        self._bits: dict[torch.device, torch.Tensor] = {}
+        self._bias: dict[torch.device, torch.Tensor] = {}
 
     def start(self, matchers: list[llguidance.LLMatcher]) -> Future[torch.Tensor]:
         """Begin computing the masks of `matchers` (not advanced until `result`); a [rows, words] int32
@@ -157,20 +157,23 @@ class TokenMasks:
         return self._thread.submit(fill)
 
     def result(self, pending: Future[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """The masks `start` began, as [rows, vocab_size] bool on `device` (True: allowed)."""
+        """The masks `start` began, as a [rows, vocab_size] float32 bias on `device`: 0 where a token is
+        allowed, -inf elsewhere (an addition to the logits: cheaper than a masked fill)."""
         return self.unpack(pending.result(), device)
 
     def unpack(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
         # Little-endian words: byte i of a row holds tokens 8 i .. 8 i + 7, bit k token 8 i + k.
-        octets = bitmask.to(device, non_blocking=True).view(torch.uint8).long()
-        return self._byte_bits(device)[octets].reshape(bitmask.shape[0], -1)[:, : self.vocab_size]
+        octets = bitmask.to(device, non_blocking=True).view(torch.uint8).reshape(-1).long()
+        bias = self._byte_bias(device).index_select(0, octets).reshape(bitmask.shape[0], -1)
+        return bias[:, : self.vocab_size]
 
-    def _byte_bits(self, device: torch.device) -> torch.Tensor:
-        """[256, 8] bool: the bits of each byte value, lowest first."""
-        if device not in self._bits:
+    def _byte_bias(self, device: torch.device) -> torch.Tensor:
+        """[256, 8] float32: per byte value, 0 for each set bit (lowest first) and -inf for each clear one."""
+        if device not in self._bias:
             values = torch.arange(256, dtype=torch.int32)[:, None]
-            self._bits[device] = ((values >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
-        return self._bits[device]
+            bits = ((values >> torch.arange(8, dtype=torch.int32)) & 1).bool()
+            self._bias[device] = torch.where(bits, 0.0, -torch.inf).to(device)
+        return self._bias[device]
 
     def close(self) -> None:
         self._thread.shutdown()

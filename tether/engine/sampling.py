@@ -85,11 +85,11 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class AllowedTokens:
-    """The tokens some draws may take: row i of `allowed` ([len(draws), vocab] bool, True where allowed,
-    at least one per row) constrains draw number `draws[i]` of a `sample_rows` call."""
+    """The tokens some draws may take: row i of `bias` ([len(draws), vocab] float32, 0 where a token is
+    allowed, -inf elsewhere, some token allowed) constrains draw number `draws[i]` of a `sample_rows` call."""
 
     draws: list[int]
-    allowed: torch.Tensor
+    bias: torch.Tensor
 
 
 def sample_rows(
@@ -116,15 +116,15 @@ def sample_rows(
         constrained = [j for j, i in enumerate(greedy) if i in mask_of]
         if constrained and masks is not None:
             where = torch.tensor(constrained, device=logits.device)
-            allowed = masks.allowed[torch.tensor([mask_of[greedy[j]] for j in constrained])]
-            tokens[where] = rows[where].masked_fill(~allowed, -torch.inf).argmax(dim=-1)
+            bias = masks.bias[torch.tensor([mask_of[greedy[j]] for j in constrained])]
+            tokens[where] = (rows[where] + bias).argmax(dim=-1)
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
             results[i] = (int(token), float(logprob))
     for i, (row, params, generator) in enumerate(draws):
         if results[i] is None:
-            allowed_row = None if masks is None or i not in mask_of else masks.allowed[mask_of[i]]
-            results[i] = sample(logits[row], params, generator, allowed_row)
+            bias = None if masks is None or i not in mask_of else masks.bias[mask_of[i]]
+            results[i] = sample(logits[row], params, generator, bias)
     return [result for result in results if result is not None]
 
 
@@ -132,11 +132,11 @@ def sample(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None,
-    allowed: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[int, float]:
-    """Draw one token from a [vocab] row of float32 logits, among the `allowed` ones ([vocab] bool) when
-    given; returns (token id, its logprob)."""
-    choice = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
+    """Draw one token from a [vocab] row of float32 logits, among those a grammar's `bias` ([vocab], 0
+    where allowed, -inf elsewhere) allows when given; returns (token id, its logprob)."""
+    choice = logits if bias is None else logits + bias
     if params.greedy:
         token = int(torch.argmax(choice))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
