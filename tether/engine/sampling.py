@@ -116,15 +116,15 @@ def sample_rows(
         constrained = [j for j, i in enumerate(greedy) if i in mask_of]
         if constrained and masks is not None:
             where = torch.tensor(constrained, device=logits.device)
-            bias = masks.bias[torch.tensor([mask_of[greedy[j]] for j in constrained])]
-            tokens[where] = (rows[where] + bias).argmax(dim=-1)
+            picked = masks.bias[torch.tensor([mask_of[greedy[j]] for j in constrained])]
+            tokens[where] = (rows[where] + picked).argmax(dim=-1)
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
             results[i] = (int(token), float(logprob))
     for i, (row, params, generator) in enumerate(draws):
         if results[i] is None:
-            bias = None if masks is None or i not in mask_of else masks.bias[mask_of[i]]
-            results[i] = sample(logits[row], params, generator, bias)
+            row_bias = None if masks is None or i not in mask_of else masks.bias[mask_of[i]]
+            results[i] = sample(logits[row], params, generator, row_bias)
     return [result for result in results if result is not None]
 
 

@@ -57,11 +57,11 @@ def _scalar(rng: random.Random, kind: str) -> dict[str, Any]:
         low = rng.randint(-100, 100)
         return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 1000)}
     if kind == "number":
-        low = rng.uniform(-100, 100)
+        start = rng.uniform(-100, 100)
         return {
             "type": "number",
-            "minimum": round(low, 2),
-            "maximum": round(low + rng.uniform(1, 500), 2),
+            "minimum": round(start, 2),
+            "maximum": round(start + rng.uniform(1, 500), 2),
             "multipleOf": rng.choice((0.5, 0.25)),
         }
     if kind == "boolean":
