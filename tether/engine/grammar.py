@@ -135,18 +135,23 @@ class TokenMasks:
     def __init__(self, vocab_size: int, threads: int | None = None) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        count = threads if threads is not None else max(1, (os.cpu_count() or 1) // 4)
-        self._executor = llguidance.LLExecutor(num_threads=count)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tether-masks")
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // 4)
+        # Started by the first `start`: an engine that never sees a structured request holds no threads.
+        self._executor: llguidance.LLExecutor | None = None
+        self._thread: ThreadPoolExecutor | None = None
         self._bias: dict[torch.device, torch.Tensor] = {}
 
     def start(self, matchers: list[llguidance.LLMatcher]) -> Future[torch.Tensor]:
         """Begin computing the masks of `matchers` (not advanced until `result`); a [rows, words] int32
         bitmask whose bit j of word w allows token 32 w + j."""
         bitmask = torch.zeros((len(matchers), self.words), dtype=torch.int32)
+        if self._executor is None or self._thread is None:
+            self._executor = llguidance.LLExecutor(num_threads=self.threads)
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="tether-masks")
+        executor = self._executor
 
         def fill() -> torch.Tensor:
-            self._executor.unsafe_compute_mask_ptr(
+            executor.unsafe_compute_mask_ptr(
                 [(matcher, row) for row, matcher in enumerate(matchers)],
                 bitmask.data_ptr(),
                 self.words * 4,
@@ -174,6 +179,3 @@ class TokenMasks:
             bits = ((values >> torch.arange(8, dtype=torch.int32)) & 1).bool()
             self._bias[device] = torch.where(bits, 0.0, -torch.inf).to(device)
         return self._bias[device]
-
-    def close(self) -> None:
-        self._thread.shutdown()

@@ -117,7 +117,7 @@ def sample_rows(
         if constrained and masks is not None:
             where = torch.tensor(constrained, device=logits.device)
             picked = masks.bias[torch.tensor([mask_of[greedy[j]] for j in constrained])]
-            tokens[where] = (rows[where] + picked).argmax(dim=-1)
+            tokens[where] = picked.add_(rows[where]).argmax(dim=-1)  # `picked` is a copy
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
             results[i] = (int(token), float(logprob))
