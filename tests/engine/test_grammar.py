@@ -17,6 +17,7 @@ import torch
 
 from tests.engine.test_devices import full_logprobs
 from tests.placement import Placement
+from tether.engine.async_engine import AsyncEngine
 from tether.engine.config import EngineConfig
 from tether.engine.grammar import GrammarCompiler, TokenMasks
 from tether.engine.llm_engine import Completion, LLMEngine
@@ -309,3 +310,24 @@ def test_token_masks_unpack_each_bit_to_its_token() -> None:
     assert bias.shape == (3, vocab)
     assert torch.equal(bias == 0, bits)
     assert torch.equal(torch.isinf(bias), ~bits)
+
+
+async def test_the_async_engine_streams_top_logprobs_and_raises_a_bad_grammar(tiny_path: Path) -> None:
+    engine = make_engine(tiny_path)
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        tokens: list[int] = []
+        alternatives: list[tuple[tuple[int, float], ...]] = []
+        async for delta in async_engine.generate(PROMPTS[0], structured("regex", top_logprobs=3)):
+            for change in delta.completions:
+                tokens += change.token_ids
+                alternatives += change.top_logprobs
+        assert len(alternatives) == len(tokens) and all(len(top) == 3 for top in alternatives)
+        check("regex", engine.detokenize(tokens) if engine.detokenize else "")
+        bad = SamplingParams(structured=StructuredOutput("regex", "a(b"))
+        with pytest.raises(RequestError, match="structured output regex"):
+            async for _ in async_engine.generate(PROMPTS[0], bad):
+                pass
+    finally:
+        async_engine.shutdown()

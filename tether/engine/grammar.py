@@ -1,12 +1,12 @@
 """Grammar-constrained decoding: `StructuredOutput` compiled against one tokenizer's vocabulary, and the
 allowed-token masks of the sequences that follow a grammar, computed off the forward pass's thread.
 
-The library is llguidance (Rust core, a CPU wheel with no dependencies, the constrained decoder of vLLM,
-SGLang and llama.cpp): it builds a matcher lazily (no per-grammar precompilation over the vocabulary, so
-a fresh JSON schema per request costs about a millisecond), its mask for SmolLM2's 49,152 tokens takes
-10-100 microseconds, it drops the GIL while computing, and it rolls back and deep-copies matchers. xgrammar
-needs a per-grammar compilation over the whole vocabulary and its wheel depends on torch (a CUDA build
-from PyPI's default index), which would replace the CPU torch this project pins.
+The library is llguidance (Rust core, a CPU wheel with no Python dependencies, the constrained decoder of
+vLLM, SGLang and llama.cpp). Measured here on SmolLM2's 49,152 tokens: its tokenizer view builds in 0.3 s
+once per engine, a matcher for a new JSON schema in about half a millisecond (no precomputation over the
+vocabulary per grammar), one mask in about 10 microseconds; it drops the GIL while computing and
+deep-copies matchers. xgrammar precomputes a token-mask cache over the vocabulary for every grammar it
+compiles, and its Linux wheel requires triton and apache-tvm-ffi besides torch.
 
 JSON (schema or any object) is compiled compact, without optional whitespace: a model cannot then fill
 its token budget with blanks between tokens that the grammar would have let it close. This module never
