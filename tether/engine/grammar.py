@@ -26,6 +26,7 @@ import llguidance
 import llguidance.hf
 import torch
 
+from tether.engine.sampling import AllowedTokens
 from tether.engine.scheduler import RequestError
 from tether.engine.structured import StructuredOutput
 from tether.errors import ConfigError
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 # Compact JSON: no whitespace between tokens; schemas may still override it through "x-guidance".
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+PendingMasks = tuple[list[int], Future[torch.Tensor]]
+"""The draws being masked, and their bitmask once computed."""
 CACHED_GRAMMARS = 64
 """Compiled grammars kept per compiler, by (kind, spec): a server's repeated schemas compile once."""
 
@@ -83,6 +86,17 @@ class GrammarCompiler:
             raise ConfigError(f"grammars: tokenizer {type(tokenizer).__name__}: {error}") from None
         return cls(wrapped, vocab_size)
 
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_token_ids: Sequence[int]
+    ) -> GrammarCompiler | None:
+        """`from_tokenizer`, or None for a tokenizer it cannot wrap (a slow one): an engine without
+        grammars serves everything but structured requests, and refuses those saying so."""
+        try:
+            return cls.from_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        except ConfigError:
+            return None
+
     def compile(self, structured: StructuredOutput) -> Grammar:
         """The grammar of `structured`, or a `RequestError` saying what in it is wrong."""
         key = (structured.kind, structured.spec)
@@ -99,6 +113,16 @@ class GrammarCompiler:
         if len(self._cache) > CACHED_GRAMMARS:
             self._cache.popitem(last=False)
         return grammar
+
+
+def compile_grammar(grammars: GrammarCompiler | None, structured: StructuredOutput) -> Grammar:
+    """`structured` compiled by an engine's `grammars`; a `RequestError` where it has none."""
+    if grammars is None:
+        raise RequestError(
+            "structured output needs an engine built with a grammar compiler "
+            "(LLMEngine(grammars=GrammarCompiler.from_tokenizer(...)); from_pretrained builds one)"
+        )
+    return grammars.compile(structured)
 
 
 def grammar_text(structured: StructuredOutput) -> str:
@@ -141,9 +165,14 @@ class TokenMasks:
         self._thread: ThreadPoolExecutor | None = None
         self._bias: dict[torch.device, torch.Tensor] = {}
 
-    def start(self, matchers: list[llguidance.LLMatcher]) -> Future[torch.Tensor]:
-        """Begin computing the masks of `matchers` (not advanced until `result`); a [rows, words] int32
-        bitmask whose bit j of word w allows token 32 w + j."""
+    def start(self, draws: list[llguidance.LLMatcher | None]) -> PendingMasks | None:
+        """Begin computing the masks of the draws that have a matcher (none are advanced until `result`);
+        None when no draw has one. Each mask is a row of an int32 bitmask: bit j of word w allows token
+        32 w + j."""
+        constrained = [i for i, matcher in enumerate(draws) if matcher is not None]
+        if not constrained:
+            return None
+        matchers = [matcher for matcher in draws if matcher is not None]
         bitmask = torch.zeros((len(matchers), self.words), dtype=torch.int32)
         if self._executor is None or self._thread is None:
             self._executor = llguidance.LLExecutor(num_threads=self.threads)
@@ -159,12 +188,13 @@ class TokenMasks:
             )
             return bitmask
 
-        return self._thread.submit(fill)
+        return constrained, self._thread.submit(fill)
 
-    def result(self, pending: Future[torch.Tensor], device: torch.device) -> torch.Tensor:
+    def result(self, pending: PendingMasks, device: torch.device) -> AllowedTokens:
         """The masks `start` began, as a [rows, vocab_size] float32 bias on `device`: 0 where a token is
         allowed, -inf elsewhere (an addition to the logits: cheaper than a masked fill)."""
-        return self.unpack(pending.result(), device)
+        draws, bitmask = pending
+        return AllowedTokens(draws, self.unpack(bitmask.result(), device))
 
     def unpack(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
         # Little-endian words: byte i of a row holds tokens 8 i .. 8 i + 7, bit k token 8 i + k.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +23,10 @@ import torch
 
 from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
-from tether.engine.grammar import GrammarCompiler, TokenMasks
+from tether.engine.grammar import GrammarCompiler, TokenMasks, compile_grammar
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.request import Completion, EngineRequest, RequestOutput
-from tether.engine.sampling import AllowedTokens, SamplingParams, sample_rows, top_alternatives
+from tether.engine.request import Completion, EngineRequest, RequestOutput, sample_seeds
+from tether.engine.sampling import SamplingParams, sample_rows, top_alternatives
 from tether.engine.scheduler import RequestError, Scheduler
 from tether.engine.sequence import FinishReason, Sequence
 from tether.engine.speculative import (
@@ -146,12 +145,9 @@ class LLMEngine:
             num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, **engine_options
         )
         runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
-        try:
-            grammars: GrammarCompiler | None = GrammarCompiler.from_tokenizer(
-                tokenizer, model_config.vocab_size, model_config.eos_token_ids
-            )
-        except ConfigError:  # a slow tokenizer: the engine serves all but structured requests
-            grammars = None
+        grammars = GrammarCompiler.for_tokenizer(
+            tokenizer, model_config.vocab_size, model_config.eos_token_ids
+        )
         engine = cls(
             runner,
             config,
@@ -176,30 +172,16 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         if params.stop and self.detokenize is None:
             raise RequestError("stop strings need an engine built with a detokenize function")
-        grammar = None
-        if params.structured is not None:
-            if self.grammars is None:
-                raise RequestError(
-                    "structured output needs an engine built with a grammar compiler "
-                    "(LLMEngine(grammars=GrammarCompiler.from_tokenizer(...)); from_pretrained builds one)"
-                )
-            grammar = self.grammars.compile(params.structured)
+        grammar = None if params.structured is None else compile_grammar(self.grammars, params.structured)
         seq = Sequence(next(self._seq_ids), request_id, prompt_token_ids, priority=priority)
         self.scheduler.check(seq)
         if self._updates.hold(request_id):
             self._held[request_id] = seq
         else:
             self.scheduler.add(seq)
-        seeds = []
-        for index in range(params.n):
-            base = (
-                params.seed
-                if params.seed is not None
-                else int(torch.randint(2**62, (1,), generator=self._seed))
-            )
-            seeds.append(base + index)
         output = RequestOutput(request_id, list(prompt_token_ids), [], 0)
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        seeds = sample_seeds(params, self._seed)
         request = EngineRequest(output, params, priority, seeds, stops, self.detokenize, grammar)
         request.restart(seq.seq_id, self.runner.device)
         self._requests[request_id] = request
@@ -257,7 +239,9 @@ class LLMEngine:
                 index = request.seq_index[target]
                 draws.append((row, request.params, request.generators[index]))
                 targets.append((request, target))
-        pending = self._start_masks(targets)  # computed while the forward pass runs
+        pending = (  # computed while the forward pass runs
+            None if self._masks is None else self._masks.start([r.matcher(seq_id) for r, seq_id in targets])
+        )
         logits = self.runner.step(
             [
                 SequenceChunk(
@@ -274,9 +258,7 @@ class LLMEngine:
         for request, seq, row, scheduled in verifies:
             rows = logits[row : row + len(scheduled) + 1]
             self._verify(request, seq, drafts[seq.seq_id], scheduled, rows, sampled, finished)
-        masks = None
-        if pending is not None and self._masks is not None:
-            masks = AllowedTokens(pending[0], self._masks.result(pending[1], logits.device))
+        masks = None if pending is None or self._masks is None else self._masks.result(pending, logits.device)
         asks = [(i, (row, params)) for i, (row, params, _) in enumerate(draws) if params.top_logprobs]
         alternatives: dict[int, list[tuple[int, float]]] = dict(
             zip([i for i, _ in asks], top_alternatives(logits, [ask for _, ask in asks]), strict=True)
@@ -302,19 +284,6 @@ class LLMEngine:
                 self._updates.forget(request_id)
         self._apply_ready_updates()
         return [request.output for request in touched.values()]
-
-    def _start_masks(
-        self, targets: list[tuple[EngineRequest, int]]
-    ) -> tuple[list[int], Future[torch.Tensor]] | None:
-        """Begin the masks of the draws (numbered as `targets`) that follow a grammar; None when none do."""
-        constrained = [
-            (i, request.matchers[request.seq_index[target]])
-            for i, (request, target) in enumerate(targets)
-            if request.matchers is not None
-        ]
-        if not constrained or self._masks is None:
-            return None
-        return [i for i, _ in constrained], self._masks.start([matcher for _, matcher in constrained])
 
     def _propose(self) -> dict[int, Draft]:
         """Drafts for every decoding sequence, at most k and no more than its request can still emit."""

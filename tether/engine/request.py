@@ -57,6 +57,18 @@ class RequestOutput:
         return all(completion.finish_reason is not None for completion in self.completions)
 
 
+def sample_seeds(params: SamplingParams, generator: torch.Generator) -> list[int]:
+    """The seed of each sample's generator: `params.seed + i`, or a base drawn from `generator` per
+    sample when the request names none."""
+    seeds = []
+    for index in range(params.n):
+        base = (
+            params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=generator))
+        )
+        seeds.append(base + index)
+    return seeds
+
+
 @dataclass(slots=True)
 class EngineRequest:
     output: RequestOutput
@@ -90,6 +102,10 @@ class EngineRequest:
         self.forked = False
         # Fresh matchers: a restarted sample follows its grammar from the start again.
         self.matchers = None if self.grammar is None else [self.grammar.matcher() for _ in range(n)]
+
+    def matcher(self, seq_id: int) -> LLMatcher | None:
+        """The grammar matcher of the sample sequence `seq_id` is, if the request has a grammar."""
+        return None if self.matchers is None else self.matchers[self.seq_index[seq_id]]
 
     def record(
         self,
