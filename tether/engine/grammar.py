@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ import torch
 
 from tether.engine.sampling import AllowedTokens
 from tether.engine.scheduler import RequestError
-from tether.engine.structured import StructuredOutput
+from tether.engine.structured import GrammarKind, StructuredOutput
 from tether.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -125,27 +125,36 @@ def compile_grammar(grammars: GrammarCompiler | None, structured: StructuredOutp
     return grammars.compile(structured)
 
 
+def _json_schema(spec: str) -> str:
+    try:
+        schema: Any = json.loads(spec)
+    except json.JSONDecodeError as error:
+        raise RequestError(f"structured output json_schema: not JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise RequestError(
+            f"structured output json_schema: expected a JSON object, got {type(schema).__name__}"
+        )
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as error:
+        raise RequestError(f"structured output json_schema: {error}") from None
+
+
+def _json_object(_spec: str) -> str:
+    return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+
+
+GRAMMARS: dict[GrammarKind, Callable[[str], str]] = {
+    "json_schema": _json_schema,
+    "json_object": _json_object,
+    "lark": llguidance.LLMatcher.grammar_from_lark,
+    "regex": llguidance.LLMatcher.grammar_from_regex,
+}
+"""llguidance's grammar text for a spec of each kind (checked against a vocabulary when compiled)."""
+
+
 def grammar_text(structured: StructuredOutput) -> str:
-    """llguidance's grammar for `structured` (not yet checked against a vocabulary)."""
-    if structured.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
-    if structured.kind == "json_schema":
-        try:
-            schema: Any = json.loads(structured.spec)
-        except json.JSONDecodeError as error:
-            raise RequestError(f"structured output json_schema: not JSON: {error}") from None
-        if not isinstance(schema, dict):
-            raise RequestError(
-                f"structured output json_schema: expected a JSON object, got {type(schema).__name__}"
-            )
-        try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        except ValueError as error:
-            raise RequestError(f"structured output json_schema: {error}") from None
-    if structured.kind == "lark":
-        return llguidance.LLMatcher.grammar_from_lark(structured.spec)
-    assert structured.kind == "regex"
-    return llguidance.LLMatcher.grammar_from_regex(structured.spec)
+    return GRAMMARS[structured.kind](structured.spec)
 
 
 class TokenMasks:
