@@ -34,6 +34,7 @@ from tether.testing.schemas import random_schema
 
 BLOCK = 4  # as tests/engine/test_devices.py, whose `full_logprobs` recomputes logprobs
 PROMPTS = [[5, 9, 13, 2 + i, 7, 11, 3 * i + 1, 8, 6][: 3 + 2 * i] for i in range(4)]
+LONG_PROMPT = PROMPTS[3] * 4  # 36 tokens: prefilled in chunks of at most 16 (`make_engine`)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -77,14 +78,14 @@ def tiny_path(tiny_model: Callable[[str], Path]) -> Path:
 def make_engine(
     path: Path,
     placement: Placement | None = None,
-    num_blocks_mib: int = 4,
+    kv_cache_mib: int = 4,
     max_seqs: int = 8,
     **options: Any,
 ) -> LLMEngine:
     where = placement or Placement("cpu", "float32")
     engine, _ = LLMEngine.from_pretrained(
         path,
-        kv_cache_mib=num_blocks_mib,
+        kv_cache_mib=kv_cache_mib,
         device=where.device,
         dtype=DType.parse(where.dtype).torch,
         block_size=BLOCK,
@@ -107,11 +108,11 @@ def finished_texts(completions: list[Completion], kind: str) -> list[str]:
 @pytest.mark.parametrize("kind", ["json_schema", "json_object", "regex", "lark"])
 def test_every_kind_of_grammar_is_followed(tiny_path: Path, placement: Placement, kind: str) -> None:
     engine = make_engine(tiny_path, placement)
-    outputs = engine.generate(PROMPTS, structured(kind))
+    outputs = engine.generate([*PROMPTS, LONG_PROMPT], structured(kind))
     completions = [o.completions[0] for o in outputs]
     texts = finished_texts(completions, kind)
     if kind != "json_object":  # any object may be longer than the budget; these grammars are bounded
-        assert len(texts) == len(PROMPTS), [c.text for c in completions]
+        assert len(texts) == len(PROMPTS) + 1, [c.text for c in completions]
     assert texts
 
 
