@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
+from tether.cli.common import CacheDirOption, cache_root, err_console, phases, print_json, user_errors
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -55,6 +55,17 @@ def bench_command(
         int | None,
         typer.Option("--threads", help="Torch threads (default: the cores idle at the start)."),
     ] = None,
+    structured: Annotated[
+        bool,
+        typer.Option(
+            "--structured",
+            help="Measure constrained decoding instead: random JSON schemas, validity and overhead.",
+        ),
+    ] = False,
+    schemas: Annotated[int, typer.Option("--schemas", help="Random schemas (--structured).")] = 50,
+    schema_max_tokens: Annotated[
+        int, typer.Option("--schema-max-tokens", help="Output budget per schema (--structured).")
+    ] = 512,
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
@@ -63,7 +74,30 @@ def bench_command(
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
 ) -> None:
-    """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process."""
+    """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process;
+    with --structured, JSON-schema validity and the constrained decoding overhead instead."""
+    if structured:
+        with user_errors():
+            from tether.engine.structured_bench import StructuredBenchConfig, run_structured_bench
+
+            structured_config = StructuredBenchConfig(
+                model=model,
+                cache_dir=cache_root(ctx, cache_dir),
+                schemas=schemas,
+                max_tokens=schema_max_tokens,
+                repeats=repeats,
+                seed=seed,
+                threads=threads,
+            )
+            if err_console.is_terminal:
+                with phases() as report:
+                    result = run_structured_bench(structured_config, report)
+            else:  # a log shows plain lines as they happen
+                result = run_structured_bench(
+                    structured_config, lambda line: err_console.print(line, highlight=False)
+                )
+        _show(result, f"engine bench --structured: {model}", out, as_json)
+        return
     with user_errors():
         from tether.engine.bench import BenchConfig, run_bench  # torch: loaded only when benchmarking
 
@@ -83,13 +117,17 @@ def bench_command(
         )
         with phases() as report:
             result = run_bench(config, report)
+    _show(result, f"engine bench: {model}", out, as_json)
+
+
+def _show(result: dict[str, Any], title: str, out: Path | None, as_json: bool) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"engine bench: {model}")
+    table = Table(title=title)
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right")
     for key, value in result.items():

@@ -73,6 +73,8 @@ class CompletionDelta:
     finish_reason: FinishReason | None
     versions: tuple[int, ...] = ()
     """The policy version of each new token."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Each new token's alternatives (`Completion.top_logprobs`); empty unless the request asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ class _Tracker:
             text,
             completion.finish_reason,
             tuple(completion.versions[self.tokens :]),
+            tuple(tuple(alternatives) for alternatives in completion.top_logprobs[self.tokens :]),
         )
         self.tokens = len(completion.token_ids)
         self.text += text

@@ -5,14 +5,17 @@ strings and for callers that ask, through the `detokenize` function given at con
 token records its logprob and the policy version (weights) that produced it; what a weight update does to
 requests in flight is the configured `UpdatePolicy` (`weight_update.py`). Not thread-safe: one loop calls
 `add_request`, `abort`, `step` and `update_weights`. With a `SpeculativeConfig`, each decoding sequence's
-step verifies draft tokens in the same forward pass and may emit several tokens.
+step verifies draft tokens in the same forward pass and may emit several tokens. A request with
+`SamplingParams.structured` follows its grammar (`grammar.py`): each sample has its own matcher, whose
+mask is computed while the forward pass runs and applied to that sample's row before drawing; it stops
+when the grammar is complete. The reported logprob stays the unmasked model's (`sampling.py`).
+Structured sequences are never drafted for (a speculative engine decodes them one token a step).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +23,10 @@ import torch
 
 from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
-from tether.engine.detokenizer import IncrementalDetokenizer
+from tether.engine.grammar import GrammarCompiler, TokenMasks, compile_grammar
 from tether.engine.model_runner import ModelRunner, SequenceChunk
-from tether.engine.sampling import SamplingParams, sample_rows
+from tether.engine.request import Completion, EngineRequest, RequestOutput, sample_seeds
+from tether.engine.sampling import SamplingParams, sample_rows, top_alternatives
 from tether.engine.scheduler import RequestError, Scheduler
 from tether.engine.sequence import FinishReason, Sequence
 from tether.engine.speculative import (
@@ -51,50 +55,7 @@ from tether.models.governor import ThreadGovernor
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-
-@dataclass(slots=True)
-class Completion:
-    """One sample of a request, as generated so far."""
-
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # policy version of each token
-    text: str = ""
-    finish_reason: FinishReason | None = None
-
-    @property
-    def policy_versions(self) -> tuple[int, ...]:
-        """The versions this completion spans, ascending: more than one only under `pause_resume` (or
-        `abort_and_retry` past `max_retries`)."""
-        return tuple(sorted(set(self.versions)))
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    completions: list[Completion]
-    num_cached_tokens: int
-    retries: int = 0
-    """Restarts from the prompt because a weight update aborted the request (`abort_and_retry`); the
-    completions hold only the last attempt."""
-
-    @property
-    def finished(self) -> bool:
-        return all(completion.finish_reason is not None for completion in self.completions)
-
-
-@dataclass(slots=True)
-class _Request:
-    output: RequestOutput
-    params: SamplingParams
-    priority: int
-    seeds: list[int]  # of each sample's generator, kept to restart the request identically
-    seq_index: dict[int, int] = field(default_factory=dict)  # seq id -> completion index
-    generators: list[torch.Generator | None] = field(default_factory=list)
-    detokenizers: list[IncrementalDetokenizer] | None = None
-    forked: bool = False
+__all__ = ["Completion", "LLMEngine", "RequestOutput"]
 
 
 class LLMEngine:
@@ -107,6 +68,7 @@ class LLMEngine:
         seed: int = 0,
         speculative: SpeculativeConfig | None = None,
         weight_update: WeightUpdateConfig | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         if config.num_blocks > runner.kv_cache.num_blocks or config.block_size != runner.block_size:
             raise ValueError(
@@ -131,7 +93,7 @@ class LLMEngine:
         self._num_invalidations = 0
         self._num_retries = 0
         self._num_recomputed = 0
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, EngineRequest] = {}
         self._seq_ids = itertools.count()
         self._seed = torch.Generator().manual_seed(seed)  # draws only the requests' seeds, on the CPU
         self.speculative = speculative
@@ -145,6 +107,9 @@ class LLMEngine:
                     f"expected the target's {runner.config.vocab_size}"
                 )
             self._proposer = make_proposer(speculative)
+        self.grammars = grammars
+        """Compiles requests' `structured` grammars; without it a structured request is refused."""
+        self._masks = None if grammars is None else TokenMasks(grammars.vocab_size)
 
     @classmethod
     def from_pretrained(
@@ -180,6 +145,9 @@ class LLMEngine:
             num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, **engine_options
         )
         runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        grammars = GrammarCompiler.for_tokenizer(
+            tokenizer, model_config.vocab_size, model_config.eos_token_ids
+        )
         engine = cls(
             runner,
             config,
@@ -188,6 +156,7 @@ class LLMEngine:
             seed=seed,
             speculative=speculative,
             weight_update=weight_update,
+            grammars=grammars,
         )
         return engine, tokenizer
 
@@ -203,41 +172,19 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         if params.stop and self.detokenize is None:
             raise RequestError("stop strings need an engine built with a detokenize function")
+        grammar = None if params.structured is None else compile_grammar(self.grammars, params.structured)
         seq = Sequence(next(self._seq_ids), request_id, prompt_token_ids, priority=priority)
         self.scheduler.check(seq)
         if self._updates.hold(request_id):
             self._held[request_id] = seq
         else:
             self.scheduler.add(seq)
-        seeds = []
-        for index in range(params.n):
-            base = (
-                params.seed
-                if params.seed is not None
-                else int(torch.randint(2**62, (1,), generator=self._seed))
-            )
-            seeds.append(base + index)
         output = RequestOutput(request_id, list(prompt_token_ids), [], 0)
-        request = _Request(output, params, priority, seeds)
-        self._start(request, seq)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        seeds = sample_seeds(params, self._seed)
+        request = EngineRequest(output, params, priority, seeds, stops, self.detokenize, grammar)
+        request.restart(seq.seq_id, self.runner.device)
         self._requests[request_id] = request
-
-    def _start(self, request: _Request, seq: Sequence) -> None:
-        """(Re)set a request's samples to nothing generated, with `seq` as its first sequence."""
-        n = request.params.n
-        request.output.completions[:] = [Completion(i) for i in range(n)]
-        request.seq_index = {seq.seq_id: 0}
-        # On the device the logits come out on: the draw then stays there (`sampling.draw`), and the same
-        # seeds restart a request (abort_and_retry) with the same tokens.
-        device = self.runner.device
-        request.generators = [
-            None if request.params.greedy else torch.Generator(device=device).manual_seed(seed)
-            for seed in request.seeds
-        ]
-        request.detokenizers = (
-            None if self.detokenize is None else [IncrementalDetokenizer(self.detokenize) for _ in range(n)]
-        )
-        request.forked = False
 
     def abort(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -271,6 +218,30 @@ class LLMEngine:
                 request.output.num_cached_tokens = max(
                     request.output.num_cached_tokens, seq.num_cached_tokens
                 )
+        sampled: dict[int, int | list[int] | None] = {}
+        finished: dict[int, FinishReason] = {}
+        touched: dict[str, EngineRequest] = {}
+        offset = 0
+        draws: list[tuple[int, SamplingParams, torch.Generator | None]] = []
+        targets: list[tuple[EngineRequest, int]] = []
+        verifies: list[tuple[EngineRequest, Sequence, int, tuple[int, ...]]] = []
+        for chunk in (c for c in plan.chunks if c.samples):
+            row = offset
+            offset += len(chunk.draft_token_ids) + 1
+            seq = self.scheduler.get(chunk.seq_id)
+            assert seq is not None
+            request = self._requests[seq.request_id]
+            touched[seq.request_id] = request
+            if chunk.draft_token_ids:
+                verifies.append((request, seq, row, chunk.draft_token_ids))
+                continue
+            for target in self._fork_samples(request, seq):
+                index = request.seq_index[target]
+                draws.append((row, request.params, request.generators[index]))
+                targets.append((request, target))
+        pending = (  # computed while the forward pass runs
+            None if self._masks is None else self._masks.start([r.matcher(seq_id) for r, seq_id in targets])
+        )
         logits = self.runner.step(
             [
                 SequenceChunk(
@@ -283,31 +254,22 @@ class LLMEngine:
                 for c in plan.chunks
             ]
         )
-        sampled: dict[int, int | list[int] | None] = {}
-        finished: dict[int, FinishReason] = {}
-        touched: dict[str, _Request] = {}
-        offset = 0
-        draws: list[tuple[int, SamplingParams, torch.Generator | None]] = []
-        targets: list[tuple[_Request, int]] = []
-        for chunk in (c for c in plan.chunks if c.samples):
-            row = offset
-            offset += len(chunk.draft_token_ids) + 1
-            seq = self.scheduler.get(chunk.seq_id)
-            assert seq is not None
-            request = self._requests[seq.request_id]
-            touched[seq.request_id] = request
-            if chunk.draft_token_ids:
-                rows = logits[row:offset]
-                self._verify(request, seq, drafts[seq.seq_id], chunk.draft_token_ids, rows, sampled, finished)
-                continue
-            for target in self._fork_samples(request, seq):
-                index = request.seq_index[target]
-                draws.append((row, request.params, request.generators[index]))
-                targets.append((request, target))
         assert offset == len(logits), "every logits row belongs to a sampling chunk"
-        for (request, target), (token, logprob) in zip(targets, sample_rows(logits, draws), strict=True):
+        for request, seq, row, scheduled in verifies:
+            rows = logits[row : row + len(scheduled) + 1]
+            self._verify(request, seq, drafts[seq.seq_id], scheduled, rows, sampled, finished)
+        masks = None if pending is None or self._masks is None else self._masks.result(pending, logits.device)
+        asks = [(i, (row, params)) for i, (row, params, _) in enumerate(draws) if params.top_logprobs]
+        alternatives: dict[int, list[tuple[int, float]]] = dict(
+            zip([i for i, _ in asks], top_alternatives(logits, [ask for _, ask in asks]), strict=True)
+        )
+        for i, ((request, target), (token, logprob)) in enumerate(
+            zip(targets, sample_rows(logits, draws, masks), strict=True)
+        ):
             sampled[target] = token
-            reason = self._record(request, request.seq_index[target], token, logprob)
+            reason = request.record(
+                request.seq_index[target], token, logprob, alternatives.get(i), self.policy_version
+            )
             if reason is not None:
                 finished[target] = reason
         for seq in self.scheduler.update_from_output(plan, sampled, finished):
@@ -332,6 +294,8 @@ class LLMEngine:
             if seq.num_uncomputed_tokens != 1 or seq.is_prefill:
                 continue
             request = self._requests[seq.request_id]
+            if request.grammar is not None:  # drafts would have to be checked against the grammar
+                continue
             index = request.seq_index[seq.seq_id]
             room = min(
                 request.params.max_tokens - len(request.output.completions[index].token_ids),
@@ -348,7 +312,7 @@ class LLMEngine:
 
     def _verify(
         self,
-        request: _Request,
+        request: EngineRequest,
         seq: Sequence,
         draft: Draft,
         scheduled: tuple[int, ...],
@@ -365,9 +329,14 @@ class LLMEngine:
         self.spec_stats.num_accepted_tokens += verdict.num_accepted
         self.spec_stats.num_verify_steps += 1
         emitted: list[int] = []
-        for token, logprob in zip(verdict.token_ids, verdict.logprobs, strict=True):
+        alternatives = top_alternatives(
+            rows, [(i, request.params) for i in range(len(verdict.token_ids)) if request.params.top_logprobs]
+        )
+        for i, (token, logprob) in enumerate(zip(verdict.token_ids, verdict.logprobs, strict=True)):
             emitted.append(token)
-            reason = self._record(request, index, token, logprob)
+            reason = request.record(
+                index, token, logprob, alternatives[i] if alternatives else None, self.policy_version
+            )
             if reason is not None:
                 finished[seq.seq_id] = reason
                 break
@@ -377,7 +346,7 @@ class LLMEngine:
         if self._proposer is not None:
             self._proposer.release(seq.seq_id)
 
-    def _fork_samples(self, request: _Request, seq: Sequence) -> list[int]:
+    def _fork_samples(self, request: EngineRequest, seq: Sequence) -> list[int]:
         """The sequences that sample from this row: the first sample of n forks the other n - 1."""
         if request.forked or request.params.n == 1:
             return [seq.seq_id]
@@ -388,32 +357,6 @@ class LLMEngine:
             request.seq_index[child.seq_id] = index
             targets.append(child.seq_id)
         return targets
-
-    def _record(self, request: _Request, index: int, token: int, logprob: float) -> FinishReason | None:
-        params = request.params
-        completion = request.output.completions[index]
-        completion.token_ids.append(token)
-        completion.logprobs.append(logprob)
-        completion.versions.append(self.policy_version)
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            reason: FinishReason | None = FinishReason.STOP
-        elif len(completion.token_ids) >= params.max_tokens:
-            reason = FinishReason.LENGTH
-        else:
-            reason = None
-        if request.detokenizers is not None and self.detokenize is not None:
-            if reason is None:
-                completion.text = request.detokenizers[index].update(completion.token_ids)
-            else:  # the last token may end inside a character: the final text is the whole decode
-                completion.text = self.detokenize(completion.token_ids)
-            for stop in params.stop:
-                cut = completion.text.find(stop)
-                if cut != -1:
-                    completion.text = completion.text[:cut]
-                    reason = FinishReason.STOP
-        if reason is not None:
-            completion.finish_reason = reason
-        return reason
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | None = None, priority: int = 0
@@ -489,13 +432,13 @@ class LLMEngine:
         # computes its KV again with the new weights before it samples.
         self._num_recomputed += len(self.scheduler.recompute_all())
 
-    def _retry(self, request_id: str, request: _Request) -> None:
+    def _retry(self, request_id: str, request: EngineRequest) -> None:
         for seq in self.scheduler.abort(request_id):
             self._release_draft(seq)
         seq = Sequence(
             next(self._seq_ids), request_id, request.output.prompt_token_ids, priority=request.priority
         )
         self.scheduler.add(seq)
-        self._start(request, seq)
+        request.restart(seq.seq_id, self.runner.device)
         request.output.retries += 1
         self._num_retries += 1

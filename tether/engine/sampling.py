@@ -1,8 +1,9 @@
 """Sampling parameters and the sampler: one next token (and its logprob) from one row of logits.
 
 The logprob reported for a token is under the temperature-scaled model distribution, before top-k,
-top-p and min-p truncation: the quantity a learner recomputes from the same weights (with greedy
-decoding, temperature 1). Truncation only decides which tokens may be drawn.
+top-p and min-p truncation and before a grammar's mask (`AllowedTokens`): the quantity a learner
+recomputes from the same weights (with greedy decoding, temperature 1). Truncation and masks only decide
+which tokens may be drawn; `top_alternatives` reports the most likely tokens under that same distribution.
 
 A draw takes its uniform from the request's generator on the generator's own device and inverts the
 distribution's CDF on the logits' device (`draw`), so a generator on another device than the logits
@@ -82,13 +83,26 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(allowed, dim=-1)
 
 
+@dataclass(frozen=True, slots=True)
+class AllowedTokens:
+    """The tokens some draws may take: row i of `bias` ([len(draws), vocab] float32, 0 where a token is
+    allowed, -inf elsewhere, some token allowed) constrains draw number `draws[i]` of a `sample_rows` call."""
+
+    draws: list[int]
+    bias: torch.Tensor
+
+
 def sample_rows(
-    logits: torch.Tensor, draws: list[tuple[int, SamplingParams, torch.Generator | None]]
+    logits: torch.Tensor,
+    draws: list[tuple[int, SamplingParams, torch.Generator | None]],
+    masks: AllowedTokens | None = None,
 ) -> list[tuple[int, float]]:
-    """One token per draw (row of [rows, vocab] float32 logits, its params, its generator), in order.
+    """One token per draw (row of [rows, vocab] float32 logits, its params, its generator), in order,
+    each constrained draw among its allowed tokens; `logits` is not modified.
 
     Greedy draws, the bulk of rollouts and benchmarks, share one argmax and one log-normaliser over
     their rows instead of a kernel launch per row; the others go through `sample` one by one."""
+    mask_of = {} if masks is None else {position: i for i, position in enumerate(masks.draws)}
     results: list[tuple[int, float] | None] = [None] * len(draws)
     greedy = [i for i, (_, params, _) in enumerate(draws) if params.greedy]
     if greedy:
@@ -99,25 +113,56 @@ def sample_rows(
             else logits[torch.tensor(indices, device=logits.device)]
         )
         tokens = rows.argmax(dim=-1)
+        constrained = [j for j, i in enumerate(greedy) if i in mask_of]
+        if constrained and masks is not None:
+            where = torch.tensor(constrained, device=logits.device)
+            picked = masks.bias[torch.tensor([mask_of[greedy[j]] for j in constrained])]
+            tokens[where] = picked.add_(rows[where]).argmax(dim=-1)  # `picked` is a copy
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
             results[i] = (int(token), float(logprob))
     for i, (row, params, generator) in enumerate(draws):
         if results[i] is None:
-            results[i] = sample(logits[row], params, generator)
+            row_bias = None if masks is None or i not in mask_of else masks.bias[mask_of[i]]
+            results[i] = sample(logits[row], params, generator, row_bias)
     return [result for result in results if result is not None]
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[int, float]:
-    """Draw one token from a [vocab] row of float32 logits; returns (token id, its logprob)."""
+    """Draw one token from a [vocab] row of float32 logits, among those a grammar's `bias` ([vocab], 0
+    where allowed, -inf elsewhere) allows when given; returns (token id, its logprob)."""
+    choice = logits if bias is None else logits + bias
     if params.greedy:
-        token = int(torch.argmax(logits))
+        token = int(torch.argmax(choice))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
     logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
-    token = draw(probabilities(logits[None], params)[0], generator)
+    token = draw(probabilities(choice[None], params)[0], generator)
     return token, float(logprobs[token])
+
+
+def top_alternatives(
+    logits: torch.Tensor, rows: list[tuple[int, SamplingParams]]
+) -> list[list[tuple[int, float]]]:
+    """For each (row of [rows, vocab] float32 logits, params), the `params.top_logprobs` most likely
+    tokens and their logprobs, most likely first, under the distribution the sampled token's logprob is
+    reported under (temperature-scaled, untruncated, unmasked). One top-k for all rows."""
+    if not rows:
+        return []
+    device = logits.device
+    scale = torch.tensor([1.0 if params.greedy else params.temperature for _, params in rows], device=device)
+    scaled = logits[torch.tensor([row for row, _ in rows], device=device)] / scale[:, None]
+    logprobs = scaled - torch.logsumexp(scaled, dim=-1, keepdim=True)
+    k = min(max(params.top_logprobs for _, params in rows), logits.shape[-1])
+    values, tokens = torch.topk(logprobs, k, dim=-1)
+    return [
+        list(zip(ids[: params.top_logprobs], lps[: params.top_logprobs], strict=True))
+        for ids, lps, (_, params) in zip(tokens.tolist(), values.tolist(), rows, strict=True)
+    ]
 
 
 def uniform(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
