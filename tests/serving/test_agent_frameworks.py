@@ -9,11 +9,9 @@ off and every client points at the local server.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from typing import Any
 
-import pytest
 from agents import (
     Agent,
     ModelSettings,
@@ -28,10 +26,6 @@ from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
 MODEL = "smollm2-135m-instruct"
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tether.engine.grammar") is None,
-    reason="needs grammar-constrained decoding in the engine",
-)
 
 
 async def test_agents_sdk_runs_a_two_tool_agent_to_its_answer(smollm2_url: str) -> None:

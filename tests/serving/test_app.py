@@ -28,7 +28,6 @@ from tests.serving.conftest import CHAT, MODEL, TEXT, aborted_count, chat, send_
 from tether.engine.async_engine import (
     AsyncEngine,
     AsyncEngineConfig,
-    CompletionDelta,
     EngineStoppedError,
     _held_back,
 )
@@ -527,10 +526,6 @@ def test_adapt_threads_gives_the_runner_a_governor(tiny_path: Path) -> None:
     assert fixed.runner.governor is None
 
 
-@pytest.mark.skipif(
-    "top_logprobs" not in CompletionDelta.__dataclass_fields__,
-    reason="needs the engine's top alternatives in its deltas",
-)
 async def test_top_logprobs_list_the_most_likely_tokens_first(client: httpx.AsyncClient) -> None:
     fields: dict[str, Any] = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "logprobs": True}
     fields["top_logprobs"] = 3

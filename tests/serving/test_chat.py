@@ -3,7 +3,6 @@ and a good one becomes the conversation, tools and grammar the engine runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -322,10 +321,6 @@ async def test_model_without_a_chat_template_serves_text_and_refuses_chats(
     assert text.status_code == 200
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tether.engine.grammar") is None,
-    reason="needs grammar-constrained decoding in the engine",
-)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_required_call_from_a_random_model_is_valid_for_its_schema(
     client: httpx.AsyncClient, stream: bool

@@ -9,7 +9,6 @@ model says in prose is not asserted.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from typing import Any
 
@@ -18,12 +17,6 @@ import openai
 import pytest
 
 MODEL = "smollm2-135m-instruct"
-# Until the engine's constrained decoder lands (tether/engine/grammar.py), grammars are not enforced and
-# the calls these tests require cannot be relied on.
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tether.engine.grammar") is None,
-    reason="needs grammar-constrained decoding in the engine",
-)
 
 WEATHER_PARAMETERS = {
     "type": "object",
