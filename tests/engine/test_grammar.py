@@ -194,7 +194,7 @@ def test_a_weight_update_that_retries_restarts_the_grammar(tiny_path: Path) -> N
     engine.add_request("r", PROMPTS[2], structured("json_schema"))
     for _ in range(12):  # past the prompt, into the document
         engine.step()
-    engine.update_weights([(name, p.detach().clone()) for name, p in engine.runner.model.named_parameters()])
+    engine.update_weights([(name, p.detach().clone()) for name, p in engine.named_parameters()])
     outputs = []
     while engine.has_unfinished():
         outputs.extend(o for o in engine.step() if o.finished)

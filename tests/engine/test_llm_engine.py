@@ -145,7 +145,7 @@ def test_higher_priority_finishes_first_when_seats_are_scarce(tiny_path: Path) -
 def test_weight_update_invalidates_the_prefix_cache_and_tags_versions(tiny_path: Path) -> None:
     engine = make_engine(tiny_path)
     before = engine.generate([PROMPTS[3]], GREEDY)[0]
-    params = dict(engine.runner.model.named_parameters())
+    params = dict(engine.named_parameters())
     name = next(n for n in params if n.endswith("mlp.down_proj.weight"))
     engine.update_weights({name: params[name] * 3})
     after = engine.generate([PROMPTS[3]], GREEDY)[0]

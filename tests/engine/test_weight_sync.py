@@ -419,7 +419,7 @@ def test_an_engine_driven_by_its_caller_takes_one_message_per_receive(tiny_path:
         assert taking.result(timeout=30) == 1
         sender.wait_applied(1)
         assert engine.policy_version == 1
-        held = dict(engine.runner.model.named_parameters())
+        held = dict(engine.named_parameters())
         assert all(torch.equal(held[name], tensor) for name, tensor in weights.items())
         taking = pool.submit(receiver.receive)
         with pytest.raises(WeightSyncError, match=r"version 1: expected an integer greater than 1"):

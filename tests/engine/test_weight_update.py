@@ -261,7 +261,7 @@ def test_bad_updates_are_rejected_whole(
     stats = engine.weight_stats
     with pytest.raises(WeightUpdateError, match=message):
         engine.update_weights(update(original * 7), **kwargs)  # type: ignore[arg-type]
-    assert torch.equal(dict(engine.runner.model.named_parameters())[NAME], original)
+    assert torch.equal(dict(engine.named_parameters())[NAME], original)
     assert engine.weight_stats == stats and engine.latest_version == 0
     while engine.has_unfinished():
         engine.step()
@@ -323,7 +323,7 @@ def test_pause_resume_on_smollm2_continues_with_recomputed_kv(smollm2_path: Path
     engine, tokenizer = LLMEngine.from_pretrained(
         smollm2_path, kv_cache_mib=64, max_model_len=256, weight_update=WeightUpdateConfig("pause_resume")
     )
-    original = dict(engine.runner.model.named_parameters())[NAME].detach().clone()
+    original = dict(engine.named_parameters())[NAME].detach().clone()
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outputs: dict[str, RequestOutput] = {}
     for i, question in enumerate(["Capital of France?", "Two plus two?", "Name a colour."]):

@@ -209,7 +209,7 @@ def test_dense_logprobs_equal_a_batch_invariant_engine_bit_for_bit(
     engine, _ = LLMEngine.from_pretrained(
         folder, kv_cache_mib=4, seed=3, block_size=4, max_num_batched_tokens=8, max_num_seqs=8
     )
-    engine.runner.model.set_batch_invariant(True)
+    engine.set_batch_invariant(True)
     params = SamplingParams(n=3, temperature=temperature, max_tokens=20, seed=11, ignore_eos=True)
     outputs = engine.generate(PROMPTS, params)
     model, _, _ = load(folder)

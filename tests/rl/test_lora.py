@@ -71,7 +71,7 @@ def test_the_engine_gets_merged_weights_and_then_matches_the_learner(
     learner = _lora_learner(folder)
     pushed = dict(learner.weights())
     # B starts at 0: before any update the merged weights are the base weights.
-    engine_params = dict(engine.runner.model.named_parameters())
+    engine_params = dict(engine.named_parameters())
     assert set(pushed) == {
         f"model.layers.{i}.{m}.weight"
         for i in range(len(learner.model.model.layers))

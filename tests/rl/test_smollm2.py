@@ -41,7 +41,7 @@ def one_thread() -> Iterator[None]:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_dense_logprobs_equal_engine_logprobs_on_smollm2(temperature: float) -> None:
     engine, tokenizer = LLMEngine.from_pretrained(SMOLLM2, cache_dir=CACHE, kv_cache_mib=64, seed=0)
-    engine.runner.model.set_batch_invariant(True)  # as the trainer's rollout engine
+    engine.set_batch_invariant(True)  # as the trainer's rollout engine
     messages = [{"role": "user", "content": "What is 17 * 23? Answer with the number."}]
     ids: Any = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False

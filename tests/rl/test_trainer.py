@@ -63,7 +63,7 @@ def test_three_sync_steps_learn_push_and_record_per_domain(
     assert any(m.get("domain/test/vowels/reward/share", 0) > 0 for m in history)
     # The weights moved, and the engine generates with exactly the learner's weights.
     assert trainer.engine is not None
-    engine_params = dict(trainer.engine.runner.model.named_parameters())
+    engine_params = dict(trainer.engine.named_parameters())
     moved = 0
     for name, param in trainer.learner.model.named_parameters():
         assert torch.equal(engine_params[name], param.detach())

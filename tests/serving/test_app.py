@@ -462,7 +462,7 @@ async def test_metrics_report_weight_updates(tiny_path: Path) -> None:
     async_engine.start()
     try:
         app = create_app(async_engine, tokenizer, MODEL)
-        weights = {name: param.detach().clone() for name, param in engine.runner.model.named_parameters()}
+        weights = {name: param.detach().clone() for name, param in engine.named_parameters()}
         assert await async_engine.update_weights(weights, version=3) == 3
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             metrics = (await client.get("/metrics")).text

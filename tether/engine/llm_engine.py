@@ -398,6 +398,19 @@ class LLMEngine:
         return self.policy_version if pending is None else pending
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the model's output: token ids the engine can produce."""
+        return int(self.runner.model.config.vocab_size)
+
+    def set_batch_invariant(self, enabled: bool) -> None:
+        """A row's logits the same whatever shares its batch (RL rollouts want that), at some speed."""
+        self.runner.model.set_batch_invariant(enabled)
+
+    def named_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The weights the engine decodes with, as a weight update names them."""
+        return self.runner.model.named_parameters()
+
+    @property
     def weight_stats(self) -> WeightUpdateStats:
         return WeightUpdateStats(
             policy_version=self.policy_version,

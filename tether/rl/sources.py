@@ -91,7 +91,7 @@ class EngineRollouts:
         # Multi-turn: reply text -> assistant message (None: the chat template's tool-call format).
         self.parse_reply = parse_reply
         # Decode steps of few sequences computed as the learner computes whole sequences: equal logprobs.
-        engine.runner.model.set_batch_invariant(True)
+        engine.set_batch_invariant(True)
         # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
         self._loop = asyncio.new_event_loop()
 

@@ -131,7 +131,7 @@ class BenchEngine:
     def state(self) -> tuple[int, float]:
         """The version served and the probe tensor's sum."""
         engine = self.engine.engine  # its version is set before the update's future resolves; stats lag
-        probe = dict(engine.runner.model.named_parameters())[PROBE]
+        probe = dict(engine.named_parameters())[PROBE]
         return engine.policy_version, float(probe.double().sum())
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ class _Server:
 
     def __init__(self, engine: AsyncEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> None:
         self.engine = engine
-        vocab_size = min(len(tokenizer), engine.engine.runner.model.config.vocab_size)
+        vocab_size = min(len(tokenizer), engine.engine.vocab_size)
         self.jobs = JobFactory(tokenizer, model_name, vocab_size, engine.engine.config.max_model_len)
         self.writer = ResponseWriter(tokenizer)
         self.metrics = ServerMetrics()
