@@ -53,11 +53,23 @@ for index, (text, expected) in enumerate(spec.get('runs', [])):
     results['hidden run %d' % index] = run.returncode == 0 and run.stdout == expected
 if spec.get('tests'):
     sys.path.insert(0, os.getcwd())
+    def wrapped(function):
+        def call(*args):
+            try:
+                return function(*args)
+            except Exception as error:  # as the harness reports it: the exception's type, then its text
+                raise Exception('%s: %s' % (type(error).__name__, error)) from None
+        return call
     scope = {}
     try:
         exec(spec['imports'], scope)
-        m = types.SimpleNamespace(**{k: v for k, v in scope.items() if not k.startswith('__')})
-    except BaseException as error:
+        m = types.SimpleNamespace(**{
+            name: types.SimpleNamespace(**{
+                key: wrapped(value) for key, value in vars(module).items() if callable(value)
+            })
+            for name, module in scope.items() if not name.startswith('__')
+        })
+    except BaseException:
         m = None
         results['package imports'] = False
     tests = {}

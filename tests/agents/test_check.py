@@ -1,0 +1,111 @@
+"""A task's success check runs in its workdir when it ends, decides its success, and is journaled."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tether.agents.check import CheckOutcome, tally, with_outcome
+from tether.agents.runner import RunnerConfig, TaskRunner
+from tether.agents.service import AgentsConfig, AgentStack
+from tether.agents.task import CheckSpec, Limits, TaskSpec, build_task_spec
+from tether.errors import ConfigError
+from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
+from tether.store import TaskStatus
+from tether.testing.scripted import ScriptedClient
+
+WRITE_DONE = {
+    "content": "",
+    "tool_calls": [{"name": "shell", "arguments": {"command": "echo ok > done.txt"}}],
+}
+FINISH = {"content": "", "tool_calls": [{"name": "finish", "arguments": {"summary": "all set"}}]}
+CHECK = CheckSpec(command='test "$(cat done.txt)" = ok; s=$?; echo "checks: $((1 - s))/1"; exit $s')
+
+
+@pytest_asyncio.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[AgentStack]:
+    opened = AgentStack(replace(AgentsConfig.embedded(tmp_path / "agents"), lease_s=2))
+    yield opened
+    await opened.close()
+
+
+@pytest_asyncio.fixture
+async def pool() -> AsyncIterator[SandboxPool]:
+    async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=2)) as running:
+        yield running
+
+
+async def run(stack: AgentStack, pool: SandboxPool, spec: TaskSpec, replies: list[dict[str, object]]) -> str:
+    task_id = await stack.submit(spec)
+    model = ScriptedClient(replies)  # type: ignore[arg-type]
+    runner = TaskRunner(stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(lease_s=2))
+    await runner.run(task_id)
+    return task_id
+
+
+async def test_a_finished_task_whose_check_passes_succeeds_with_the_outcome_journaled(
+    stack: AgentStack, pool: SandboxPool
+) -> None:
+    task_id = await run(stack, pool, TaskSpec(goal="write done.txt", check=CHECK), [WRITE_DONE, FINISH])
+    task = stack.journal.get_task(task_id)
+    assert task.status is TaskStatus.SUCCEEDED
+    outcome = CheckOutcome.find(task.result)
+    assert outcome is not None and outcome.passed and outcome.exit_code == 0 and outcome.fraction == 1.0
+    assert task.result is not None and task.result.startswith("all set\ncheck: ")
+
+
+async def test_a_finished_task_whose_check_fails_has_failed(stack: AgentStack, pool: SandboxPool) -> None:
+    task_id = await run(stack, pool, TaskSpec(goal="write done.txt", check=CHECK), [FINISH])
+    task = stack.journal.get_task(task_id)
+    assert task.status is TaskStatus.FAILED
+    assert task.error is not None and task.error.startswith("the success check failed (exit status 1)")
+    outcome = CheckOutcome.find(task.error)
+    assert outcome is not None and not outcome.passed and outcome.fraction == 0.0
+
+
+async def test_a_task_out_of_budget_still_runs_its_check(stack: AgentStack, pool: SandboxPool) -> None:
+    spec = TaskSpec(goal="write done.txt", check=CHECK, limits=Limits(max_steps=1), require_finish=True)
+    task_id = await run(stack, pool, spec, [WRITE_DONE, FINISH])
+    task = stack.journal.get_task(task_id)
+    assert task.status is TaskStatus.FAILED and task.error is not None
+    outcome = CheckOutcome.find(task.error)
+    assert outcome is not None and outcome.passed  # the work was done; the budget ended the task
+
+
+async def test_a_task_without_a_check_journals_no_outcome(stack: AgentStack, pool: SandboxPool) -> None:
+    task_id = await run(stack, pool, TaskSpec(goal="finish"), [FINISH])
+    task = stack.journal.get_task(task_id)
+    assert task.status is TaskStatus.SUCCEEDED and task.result == "all set"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "fraction"),
+    [("checks: 3/4\n", 0.75), ("x\nchecks: 0/2", 0.0), ("checks: 1/0", None), ("no tally", None), ("", None)],
+)
+def test_a_tally_line_gives_partial_credit(stdout: str, fraction: float | None) -> None:
+    assert tally(stdout) == fraction
+
+
+def test_an_outcome_reads_back_from_the_text_it_was_journaled_in() -> None:
+    outcome = CheckOutcome(passed=False, exit_code=2, fraction=0.5, output="failed: x")
+    assert CheckOutcome.find(with_outcome("budget spent", outcome)) == outcome
+    assert CheckOutcome.find(with_outcome(None, outcome)) == outcome
+    assert CheckOutcome.find("no check here") is None and CheckOutcome.find(None) is None
+
+
+@pytest.mark.parametrize(
+    ("check", "field"),
+    [
+        ({"command": ""}, "check.command"),
+        ({"command": "true", "timeout_s": 0}, "check.timeout_s"),
+        ({"command": "true", "retries": 2}, "check.retries"),
+        ({"timeout_s": 5}, "check.command"),
+    ],
+)
+def test_a_bad_check_is_refused_naming_the_field(check: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        build_task_spec({"goal": "g", "check": check}, "task.yaml")
