@@ -13,6 +13,7 @@ from tether.agents.check import CheckOutcome, tally, with_outcome
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import CheckSpec, Limits, TaskSpec, build_task_spec
+from tether.chat import JsonDict
 from tether.errors import ConfigError
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import TaskStatus
@@ -22,7 +23,7 @@ WRITE_DONE = {
     "content": "",
     "tool_calls": [{"name": "shell", "arguments": {"command": "echo ok > done.txt"}}],
 }
-FINISH = {"content": "", "tool_calls": [{"name": "finish", "arguments": {"summary": "all set"}}]}
+FINISH: JsonDict = {"content": "", "tool_calls": [{"name": "finish", "arguments": {"summary": "all set"}}]}
 CHECK = CheckSpec(command='test "$(cat done.txt)" = ok; s=$?; echo "checks: $((1 - s))/1"; exit $s')
 
 
@@ -39,9 +40,9 @@ async def pool() -> AsyncIterator[SandboxPool]:
         yield running
 
 
-async def run(stack: AgentStack, pool: SandboxPool, spec: TaskSpec, replies: list[dict[str, object]]) -> str:
+async def run(stack: AgentStack, pool: SandboxPool, spec: TaskSpec, replies: list[JsonDict]) -> str:
     task_id = await stack.submit(spec)
-    model = ScriptedClient(replies)  # type: ignore[arg-type]
+    model = ScriptedClient(replies)
     runner = TaskRunner(stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(lease_s=2))
     await runner.run(task_id)
     return task_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -106,7 +107,7 @@ def _spec(
     return build_task_spec(data, str(task_file) if task_file else "task")
 
 
-def _family_spec(name: str, seed: int, max_steps: int | None, given: dict[str, object]) -> TaskSpec:
+def _family_spec(name: str, seed: int, max_steps: int | None, given: Mapping[str, object]) -> TaskSpec:
     """A family's task (its goal, files, tools and check); the options that would change it are refused."""
     from tether.agents.families import MAX_STEPS, family
 
