@@ -372,6 +372,12 @@ def test_two_grpo_steps_on_agent_tasks_then_the_checkpoint_runs_the_same_task_as
     run_dir = tmp_path / "agentrl"
     assert load_config(run_dir / "config.toml") == config
     assert (run_dir / "agent_journal" / "journal.db").is_file()
+    # The episodes are agent tasks in a journal the agents' CLI reads, every step as a hosted agent's.
+    listed = CliRunner().invoke(
+        app, ["agent", "ls", "--json", "--store", f"sqlite:///{run_dir / 'agent_journal' / 'journal.db'}"]
+    )
+    episodes = json.loads(listed.output)
+    assert len(episodes) == 4 and all(e["step_count"] == 2 and e["check"] for e in episodes)
     transcripts = [json.loads(line) for line in (run_dir / "transcripts.jsonl").read_text().splitlines()]
     assert transcripts and all(t["env"] == "agent/shell" and t["turns"] == 2 for t in transcripts)
     result = CliRunner().invoke(

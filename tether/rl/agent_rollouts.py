@@ -362,8 +362,8 @@ class AgentRollouts:
         if not journal.get_task(task_id).status.terminal:
             try:
                 status = await runner.run(task_id)
-                if status is not None and not status.terminal:
-                    error = f"the episode stopped as {status.value}"
+                if status is None or not status.terminal:
+                    error = f"the episode stopped before its end ({status.value if status else 'lease held'})"
             except Exception as failure:  # one broken episode must not stop the batch
                 error = f"{type(failure).__name__}: {failure}"
         record = journal.get_task(task_id)
