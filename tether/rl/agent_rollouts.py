@@ -33,6 +33,7 @@ from tether.chat import ChatError, ChatRequest, Completion, Message, Usage
 from tether.chat import FinishReason as ChatFinish
 from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
+from tether.engine.sequence import FinishReason
 from tether.envs.context import ScoringContext
 from tether.envs.episode import Environment
 from tether.envs.errors import EnvError
@@ -273,13 +274,19 @@ class TokenClient:
         return Completion(
             message,
             Usage(len(turn.prompt_ids), output.num_cached_tokens, len(turn.completion_ids)),
-            ChatFinish.TOOL_CALLS if message.get("tool_calls") else ChatFinish.STOP,
+            _finish_reason(completion.finish_reason, message),
             tuple(turn.completion_ids),
             tuple(turn.logprobs),
         )
 
     async def close(self) -> None:
         return None
+
+
+def _finish_reason(reason: FinishReason, message: Message) -> ChatFinish:
+    if reason is FinishReason.LENGTH:
+        return ChatFinish.LENGTH
+    return ChatFinish.TOOL_CALLS if message.get("tool_calls") else ChatFinish.STOP
 
 
 def reward_of(outcome: CheckOutcome | None) -> tuple[float, dict[str, float], bool]:

@@ -118,6 +118,14 @@ def open_learner(config: TrainConfig) -> Learner:
         raise
 
 
+def training_registry(config: TrainConfig, registry: EnvRegistry | None = None) -> EnvRegistry:
+    """The environments a run draws from: `registry` (default: every built-in and plug-in) and the
+    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`)."""
+    registry = registry or default_registry()
+    register_agent_families(registry, config.agents.max_steps)
+    return registry
+
+
 def build_trainer(
     config: TrainConfig,
     registry: EnvRegistry | None = None,
@@ -128,8 +136,7 @@ def build_trainer(
 
     Rollouts come from where `config.rollout_backend` says (`sources.py`); with `run.backend = "ray"` or
     `rollout.backend = "ray"` the learner or the rollout engines are Ray actors (`ray_backend.py`)."""
-    registry = registry or default_registry()
-    register_agent_families(registry, config.agents.max_steps)  # agent/* names, run by agent_rollouts
+    registry = training_registry(config, registry)
     mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
     if config.model.strict_matmul:
         strict_matmul()
