@@ -110,7 +110,7 @@ def test_agent_episodes_train_on_exactly_the_tokens_the_engine_saw_and_generated
         # The runner's first prompt, rendered by the template with the role's tools, nothing else.
         first = rollout.turns[0].prompt_ids
         tools = BUILTIN_TOOLS.only(spec.roles[0].tools).specs()
-        assert first == template.encode(rollout.transcript[:2], tools)
+        assert first == template.encode(task.messages, tools) and rollout.transcript[:2] == task.messages
         # A random model calls no tools: the runner nudges it, and the episode goes on to its budget.
         assert len(rollout.turns) == 3 and rollout.error is None
         sequence = rollout.prompt_ids + rollout.completion_ids

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.agents.check import CheckOutcome
+from tether.agents.context import build_messages
 from tether.agents.families import FAMILIES, AgentFamily
 from tether.agents.runner import RunnerConfig, TaskRunner
-from tether.agents.task import DEFAULT_SYSTEM_PROMPT, TaskSpec
-from tether.chat import ChatError, ChatRequest, Completion, Message, Usage
+from tether.agents.task import TaskSpec
+from tether.chat import ChatError, ChatRequest, Completion, Message, Messages, Usage
 from tether.chat import FinishReason as ChatFinish
 from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
@@ -40,7 +41,7 @@ from tether.envs.errors import EnvError
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.scoring import Reward, RewardInput, Rubric
-from tether.envs.tasks import ChatRenderer, Problem, Task
+from tether.envs.tasks import Problem, Task
 from tether.errors import ConfigError
 from tether.rl.episodes import ObservationEncoder, assemble
 from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
@@ -83,6 +84,15 @@ class _FamilySource:
         return Problem(prompt=spec.goal, answer="", data={"agent_task": spec.model_dump(mode="json")})
 
 
+@dataclass(frozen=True, slots=True)
+class _FirstPrompt:
+    """The task's messages as the runner sends them at its first step (what transcripts show)."""
+
+    def render(self, problem: Problem) -> Messages:
+        spec = TaskSpec.model_validate(problem.data["agent_task"])
+        return build_messages(spec, spec.roles[0], [])
+
+
 async def _scored_by_the_check(inp: RewardInput) -> float:
     raise EnvError(f"{inp.task.env} is an agent task: its episodes are scored by the task's success check")
 
@@ -93,7 +103,7 @@ def agent_environment(family: AgentFamily, max_steps: int) -> Environment:
     return Environment(
         name=family.name,
         source=_FamilySource(family, max_steps),
-        renderer=ChatRenderer(DEFAULT_SYSTEM_PROMPT),
+        renderer=_FirstPrompt(),
         parser=ANSWER_TAG,
         rubric=Rubric((Reward("check", _scored_by_the_check),)),
         tools=(SHELL, PYTHON, READ_FILE, WRITE_FILE, FINISH),
