@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from tether.agents.check import CheckOutcome, tally, with_outcome
+from tether.agents.check import CheckOutcome, run_check, tally, with_outcome
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import CheckSpec, Limits, TaskSpec, build_task_spec
@@ -110,3 +111,27 @@ def test_an_outcome_reads_back_from_the_text_it_was_journaled_in() -> None:
 def test_a_bad_check_is_refused_naming_the_field(check: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_task_spec({"goal": "g", "check": check}, "task.yaml")
+
+
+async def test_a_task_that_crashed_before_its_check_runs_it_on_resume_against_its_final_workdir(
+    stack: AgentStack, pool: SandboxPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    async def crash_once(*args: Any) -> CheckOutcome:
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("worker died before the check")
+        return await run_check(*args)
+
+    monkeypatch.setattr("tether.agents.runner.run_check", crash_once)
+    spec = TaskSpec(goal="write done.txt", check=CHECK)
+    with pytest.raises(RuntimeError, match="worker died"):
+        await run(stack, pool, spec, [WRITE_DONE, FINISH])
+    (task,) = stack.journal.list_tasks()
+    assert task.status is TaskStatus.RUNNING
+    model = ScriptedClient([])  # the steps are journaled: the resumed task never asks the model
+    runner = TaskRunner(stack.journal, stack.artifacts, pool, model, "w", RunnerConfig(lease_s=2))
+    assert await runner.run(task.task_id) is TaskStatus.SUCCEEDED
+    outcome = CheckOutcome.find(stack.journal.get_task(task.task_id).result)
+    assert outcome is not None and outcome.passed and len(calls) == 2
