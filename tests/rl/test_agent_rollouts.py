@@ -395,3 +395,29 @@ def test_two_grpo_steps_on_agent_tasks_then_the_checkpoint_runs_the_same_task_as
     record = json.loads(shown.output)
     assert record["status"] == "failed" and record["check"].startswith("failed (exit status 1")
     assert record["spec"]["check"]["command"].startswith("python3 -c")
+
+
+def test_a_turn_generated_again_after_a_crash_continues_from_the_turn_before_it(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The reply of step 1 was logged but its step never journaled: the resumed runner asks again."""
+    _, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8)
+    template = ChatTemplate(tokenizer)
+
+    def client() -> TokenClient:
+        engine = ScriptedEngine(tokenizer, ["first", "second"])
+        turns = EngineTurns(engine)  # type: ignore[arg-type]
+        log = TurnLog(tmp_path / "turns.jsonl")
+        return TokenClient(turns, template, ObservationEncoder(template), SamplingParams(), log, "t", 0)
+
+    first = client()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    asyncio.run(first.complete(ChatRequest(messages, step_no=0)))
+    step_1 = ChatRequest([*first.log.seen, {"role": "user", "content": "go on"}], step_no=1)
+    asyncio.run(first.complete(step_1))
+    resumed = client()  # a new process reads the log
+    assert resumed.log.steps == [0, 1]
+    asyncio.run(resumed.complete(step_1))
+    assert resumed.log.steps == [0, 1]
+    assert resumed.log.turns[1].prompt_ids == first.log.turns[1].prompt_ids
+    assert TurnLog(tmp_path / "turns.jsonl").turns == resumed.log.turns

@@ -178,8 +178,8 @@ class TurnLog:
 
     path: Path
     turns: list[Turn] = field(default_factory=list)
-    seen: list[Message] = field(default_factory=list)  # the last request's messages and its reply
     steps: list[int] = field(default_factory=list)  # the step of each turn
+    seens: list[list[Message]] = field(default_factory=list)  # each turn's request messages and reply
 
     def __post_init__(self) -> None:
         if self.path.exists():
@@ -187,12 +187,21 @@ class TurnLog:
                 row = json.loads(line)
                 self._keep(row["step_no"], Turn(**row["turn"]), row["seen"])
 
-    def _keep(self, step_no: int, turn: Turn, seen: list[Message]) -> None:
+    @property
+    def seen(self) -> list[Message]:
+        """The conversation so far: the last turn's request and its reply."""
+        return self.seens[-1] if self.seens else []
+
+    def drop_from(self, step_no: int) -> None:
+        """Forget the turn of `step_no` and any later: the step is being generated again."""
         keep = self.steps.index(step_no) if step_no in self.steps else len(self.steps)
-        del self.turns[keep:], self.steps[keep:]
+        del self.turns[keep:], self.steps[keep:], self.seens[keep:]
+
+    def _keep(self, step_no: int, turn: Turn, seen: list[Message]) -> None:
+        self.drop_from(step_no)
         self.turns.append(turn)
         self.steps.append(step_no)
-        self.seen = seen
+        self.seens.append(seen)
 
     def add(self, step_no: int, turn: Turn, seen: list[Message]) -> None:
         with open(self.path, "a") as handle:
@@ -234,9 +243,7 @@ class TokenClient:
         self.seed = seed
 
     def _prompt(self, request: ChatRequest) -> list[int]:
-        kept = self.log.steps.index(request.step_no) if request.step_no in self.log.steps else None
-        if kept is not None:  # a step regenerated after a resume: continue from the turn before it
-            del self.log.turns[kept:], self.log.steps[kept:]
+        self.log.drop_from(request.step_no)  # a step generated again on resume: from the turn before it
         if not self.log.turns:
             return self.template.encode(request.messages, request.tools)
         last, seen = self.log.turns[-1], self.log.seen
