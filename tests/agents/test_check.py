@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tether.agents.check import CheckOutcome, run_check, tally, with_outcome
+from tether.agents.check import CheckOutcome, run_check, tally, with_outcome, without_outcome
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import CheckSpec, Limits, TaskSpec, build_task_spec
+from tether.agents.timeline import task_line
 from tether.chat import JsonDict
 from tether.errors import ConfigError
 from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from tether.store import TaskStatus
+from tether.store.records import TaskRecord
 from tether.testing.scripted import ScriptedClient
 
 WRITE_DONE = {
@@ -135,3 +137,12 @@ async def test_a_task_that_crashed_before_its_check_runs_it_on_resume_against_it
     assert await runner.run(task.task_id) is TaskStatus.SUCCEEDED
     outcome = CheckOutcome.find(stack.journal.get_task(task.task_id).result)
     assert outcome is not None and outcome.passed and len(calls) == 2
+
+
+def test_the_task_line_names_the_check_outcome_in_words() -> None:
+    outcome = CheckOutcome(passed=False, exit_code=1, fraction=0.25, output="")
+    task = TaskRecord("t-1", {}, TaskStatus.FAILED, 0.0, 0.0, error=with_outcome("budget spent", outcome))
+    assert task_line(task) == (
+        "task t-1 failed: budget spent; success check failed (exit status 1, 25% of its checks)"
+    )
+    assert without_outcome(task.error) == "budget spent"

@@ -33,6 +33,10 @@ class CheckOutcome:
     def line(self) -> str:
         return _LINE + json.dumps(asdict(self), sort_keys=True)
 
+    def describe(self) -> str:
+        verdict = "passed" if self.passed else "failed"
+        return f"{verdict} (exit status {self.exit_code}, {self.fraction:.0%} of its checks)"
+
     @classmethod
     def find(cls, text: str | None) -> CheckOutcome | None:
         """The outcome journaled in a task's result or error, if its check ran."""
@@ -40,6 +44,11 @@ class CheckOutcome:
             if line.startswith(_LINE):
                 return cls(**json.loads(line[len(_LINE) :]))
         return None
+
+
+def without_outcome(text: str | None) -> str:
+    """A task's result or error as the agent or the runner wrote it, the check's line left out."""
+    return "\n".join(line for line in (text or "").splitlines() if not line.startswith(_LINE))
 
 
 def with_outcome(text: str | None, outcome: CheckOutcome | None) -> str | None:

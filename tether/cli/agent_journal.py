@@ -52,10 +52,7 @@ def summary(task: TaskRecord, steps: int) -> dict[str, object]:
 def describe_check(task: TaskRecord) -> str | None:
     """How the task's success check went, when it has one and it ran."""
     outcome = CheckOutcome.find(task.result) or CheckOutcome.find(task.error)
-    if outcome is None:
-        return None
-    verdict = "passed" if outcome.passed else "failed"
-    return f"{verdict} (exit status {outcome.exit_code}, {outcome.fraction:.0%} of its checks)"
+    return outcome.describe() if outcome is not None else None
 
 
 def readable_journal(config: AgentsConfig) -> Journal | None:
