@@ -421,3 +421,48 @@ def test_a_turn_generated_again_after_a_crash_continues_from_the_turn_before_it(
     assert resumed.log.steps == [0, 1]
     assert resumed.log.turns[1].prompt_ids == first.log.turns[1].prompt_ids
     assert TurnLog(tmp_path / "turns.jsonl").turns == resumed.log.turns
+
+
+class Crash(BaseException):
+    """Stands for a killed process: no handler of the rollout catches it."""
+
+
+def test_a_training_run_killed_mid_rollout_resumes_its_episodes_from_the_run_journal(
+    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = _config_dict(long_model, tmp_path, journal="run")
+    raw["run"] = {**raw["run"], "steps": 1}
+    config = parse_config(raw)
+    real = TokenClient.complete
+    asked: list[tuple[str, int]] = []
+
+    async def dies_at_the_third_call(self: TokenClient, request: ChatRequest) -> Any:
+        asked.append((self.request_prefix, request.step_no))
+        if len(asked) == 3:
+            raise Crash
+        return await real(self, request)
+
+    monkeypatch.setattr(TokenClient, "complete", dies_at_the_third_call)
+    trainer = build_trainer(config, sandbox=sandbox())
+    with pytest.raises(Crash):
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    before = list(asked)
+    asked.clear()
+    trainer = build_trainer(config, sandbox=sandbox())  # no checkpoint yet: the run starts over
+    try:
+        (metrics,) = trainer.run()
+    finally:
+        trainer.close()
+    # Every model call committed before the crash stays journaled and is never made again.
+    journal = Journal(f"sqlite:///{tmp_path / 'agentrl' / 'agent_journal' / 'journal.db'}")
+    try:
+        committed = {(t.task_id, s.step_no) for t in journal.list_tasks() for s in journal.steps(t.task_id)}
+    finally:
+        journal.close()
+    assert len(committed) == 4 and metrics["turns"] == 2
+    # Both episodes committed step 0; the crash came at step 1 (the other's step 1 was cancelled with it).
+    assert [step for _, step in before[:3]] == [0, 0, 1]
+    assert sorted(asked) == sorted((task_id, 1) for task_id, _ in before[:2])

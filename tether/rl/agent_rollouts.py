@@ -354,14 +354,18 @@ class AgentRollouts:
         artifacts = ArtifactStore(str(root / "artifacts"))
         engine_turns = EngineTurns(self.engine)
         pool = await ctx.pool()
+        episodes = [
+            asyncio.ensure_future(self._episode(journal, artifacts, pool, engine_turns, root, plan, spec, i))
+            for plan, spec in zip(plans, specs, strict=True)
+            for i in range(self.params.n)
+        ]
         try:
-            episodes = [
-                self._episode(journal, artifacts, pool, engine_turns, root, plan, spec, sample)
-                for plan, spec in zip(plans, specs, strict=True)
-                for sample in range(self.params.n)
-            ]
             return list(await asyncio.gather(*episodes))
         finally:
+            # A batch that fails (or is cancelled) stops every episode now: none runs on later, unseen.
+            for episode in episodes:
+                episode.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
             await engine_turns.aclose()
             journal.close()
 
