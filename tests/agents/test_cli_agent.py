@@ -274,3 +274,35 @@ def test_agent_run_loads_the_model_before_the_timeline_starts(
     assert lines[0] == "loading model smollm2-135m-instruct ..."
     assert lines[1].startswith("Loading weights") and lines[2].startswith("task t-")
     assert not any("Loading" in line for line in lines[2:])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give the task's goal, or --family NAME"),
+        (["a goal", "--family", "agent/shell"], "--family agent/shell sets the whole task: drop a goal"),
+        (["--family", "agent/shell", "--roles", "planner,coder"], "drop --roles"),
+        (["--family", "agent/nope"], "unknown agent task family 'agent/nope'"),
+        (["--family", "agent/shell", "--seed", "-1"], "Invalid value for '--seed'"),
+    ],
+)
+def test_agent_run_refuses_a_family_task_it_cannot_build(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    code, output = invoke("agent", "run", *args, "--model", "scripted:none.jsonl", "--home", str(tmp_path))
+    assert code != 0 and squashed(message) in squashed(output), output
+
+
+def test_agent_run_runs_a_family_task_and_show_reports_its_check(tmp_path: Path) -> None:
+    script = tmp_path / "s.jsonl"
+    finish = {"tool_calls": [{"name": "finish", "arguments": {"summary": "done"}}]}
+    script.write_text(json.dumps(finish) + "\n")
+    code, output = invoke(
+        "agent", "run", "--family", "agent/shell", "--seed", "1", "--model", f"scripted:{script}",
+        "--home", str(tmp_path),
+    )  # fmt: skip
+    assert code == 1, output  # finished at once: the check finds the work undone
+    task_id = output.split()[1]
+    code, shown = invoke("agent", "show", task_id, "--home", str(tmp_path))
+    assert code == 0 and squashed("the success check failed (exit status 1)") in squashed(shown)
+    assert squashed("check │ failed (exit status 1") in squashed(shown)

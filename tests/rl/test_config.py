@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from tether.envs.registry import default_registry, mixture_from_weights
+from tether.envs.registry import mixture_from_weights
 from tether.errors import ConfigError
 from tether.rl.advantages import AdvantageKind
+from tether.rl.builders import training_registry
 from tether.rl.config import Mode, Schedule, dump_config, load_config, parse_config
 from tether.rl.learner import lr_multiplier
 
@@ -30,7 +31,7 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({"envs": {"weights": {}}}, "envs.weights = {}"),
         (
             {**MINIMAL, "optimizer": {}},
-            "unknown key 'optimizer'; known keys: algorithm, envs, learner, model",
+            "unknown key 'optimizer'; known keys: agents, algorithm, envs, learner, model",
         ),
         ({**MINIMAL, "optim": {"learning_rate": 1}}, "unknown key 'optim.learning_rate'; known keys: beta1"),
         ({**MINIMAL, "optim": {"lr": -1}}, "optim.lr = -1: Input should be greater than 0"),
@@ -98,7 +99,7 @@ def test_dump_reads_back_to_an_equal_config(tmp_path: Path) -> None:
 def test_every_example_config_is_valid_and_names_only_registered_environments(example: Path) -> None:
     config = load_config(example)
     # What `tether train` resolves before any model loads: a typo here would stop the example there.
-    assert mixture_from_weights(default_registry(), config.envs.weights).names
+    assert mixture_from_weights(training_registry(config), config.envs.weights).names
 
 
 @pytest.mark.parametrize(

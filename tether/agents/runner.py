@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
+from tether.agents.check import run_check, with_outcome
 from tether.agents.context import build_messages, folded_count, recall_items, recall_query
 from tether.agents.loops import last_mark
 from tether.agents.memory import Embedder, ObservationMemory
@@ -145,17 +146,25 @@ class TaskRunner:
         hands_off = {role.name: role.hands_off_to for role in spec.roles}
         steps = self.journal.steps(task_id)
         plan = plan_resume(steps, self.tools, spec.roles[0].name, hands_off, spec.require_finish)
-        if plan.ended is not None:
+        if plan.ended is not None and spec.check is None:
             return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=plan.ended.summary)
         async with await self.pool.open_session(spec.sandbox) as session:
             workspace = SandboxWorkspace(session)
             await self._restore(workspace, spec, plan.snapshot_key, plan.reapply)
+
+            async def end(
+                status: TaskStatus, result: str | None = None, error: str | None = None
+            ) -> TaskStatus:
+                return await self._end(workspace, task_id, epoch, spec, status, result, error)
+
+            if plan.ended is not None:  # finished before a crash, its check not journaled yet
+                return await end(TaskStatus.SUCCEEDED, result=plan.ended.summary)
             role = plan.role
             if plan.pending is not None:
                 finished = await self._complete_step(workspace, spec, epoch, plan.pending, hands_off)
                 steps[-1] = finished[0]
                 if finished[1].outcome is Outcome.FINISHED:
-                    return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=finished[1].summary)
+                    return await end(TaskStatus.SUCCEEDED, result=finished[1].summary)
                 if finished[1].outcome is Outcome.HANDOFF:
                     return self._hand_off(task_id, epoch, plan.pending.role, finished[1])
                 role = finished[1].next_role
@@ -163,14 +172,14 @@ class TaskRunner:
             while True:
                 verdict = self._check_limits(task_id, spec, steps, started_at)
                 if verdict is not None:
-                    return self._finish(task_id, epoch, verdict[0], error=verdict[1])
+                    return await end(verdict[0], error=verdict[1])
                 if stop.is_set():
                     return self._stop_between_steps(task_id, epoch, len(steps))
                 step = await self._model_step(task_id, epoch, spec, role, steps)
                 step, outcome = await self._complete_step(workspace, spec, epoch, step, hands_off)
                 steps.append(step)
                 if outcome.outcome is Outcome.FINISHED:
-                    return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=outcome.summary)
+                    return await end(TaskStatus.SUCCEEDED, result=outcome.summary)
                 if outcome.outcome is Outcome.HANDOFF:
                     return self._hand_off(task_id, epoch, step.role, outcome)
                 role = outcome.next_role
@@ -189,6 +198,29 @@ class TaskRunner:
             if loop.stop:
                 return TaskStatus.FAILED, loop.describe()
         return None
+
+    async def _end(
+        self,
+        workspace: SandboxWorkspace,
+        task_id: str,
+        epoch: int,
+        spec: TaskSpec,
+        status: TaskStatus,
+        result: str | None,
+        error: str | None,
+    ) -> TaskStatus:
+        """End the task; a task with a success check (and not cancelled) runs it first, and it decides:
+        a finished task whose check fails has failed. The outcome is journaled with the end."""
+        if spec.check is None or status is TaskStatus.CANCELLED:
+            return self._finish(task_id, epoch, status, result=result, error=error)
+        with self.telemetry.span("agent.check", task_id=task_id):
+            outcome = await run_check(workspace.session, spec, spec.check)
+        self.telemetry.event("check", task_id=task_id, passed=outcome.passed, fraction=outcome.fraction)
+        if status is TaskStatus.SUCCEEDED and not outcome.passed:
+            status, error = TaskStatus.FAILED, f"the success check failed (exit status {outcome.exit_code})"
+        if status is TaskStatus.SUCCEEDED:
+            return self._finish(task_id, epoch, status, result=with_outcome(result, outcome))
+        return self._finish(task_id, epoch, status, result=result, error=with_outcome(error, outcome))
 
     def _finish(
         self,

@@ -65,6 +65,16 @@ class LoopSpec(BaseModel):
     )
 
 
+class CheckSpec(BaseModel):
+    """The task's success check: `command` (bash) runs in the task's workdir once the task ends; it
+    passes on exit status 0. A last stdout line `checks: K/N` gives partial credit (K of N checks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str = Field(min_length=1, description="Bash run in the workdir when the task ends.")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds the check may run.")
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -76,6 +86,7 @@ class TaskSpec(BaseModel):
     sandbox: SandboxSpec = Field(default_factory=lambda: SandboxSpec(timeout_s=60))
     files: dict[str, str] = Field(default_factory=dict, description="Files placed in the workdir at start.")
     snapshot_every: int = Field(1, ge=1, le=1000, description="Steps between workdir checkpoints.")
+    check: CheckSpec | None = Field(None, description="Run when the task ends; decides its success.")
     require_finish: bool = Field(
         False,
         description="A reply without tool calls does not end the task; only `finish` (or a budget) does.",

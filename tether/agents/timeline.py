@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from tether.agents.check import CheckOutcome, without_outcome
 from tether.agents.loops import LoopMark, loop_marks
 from tether.agents.task import LoopSpec
 from tether.store.records import JsonDict, StepRecord, StepStatus, TaskRecord
@@ -45,5 +46,8 @@ def timeline_lines(steps: list[StepRecord], spec: JsonDict, width: int = 100) ->
 
 
 def task_line(task: TaskRecord) -> str:
-    outcome = task.error or task.result or ""
-    return f"task {task.task_id} {task.status.value}" + (f": {_short(outcome, 200)}" if outcome else "")
+    text = task.error or task.result
+    outcome = without_outcome(text)
+    check = CheckOutcome.find(text)
+    line = f"task {task.task_id} {task.status.value}" + (f": {_short(outcome, 200)}" if outcome else "")
+    return line + (f"; success check {check.describe()}" if check else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -69,6 +70,16 @@ RequireFinishOption = Annotated[
 ]
 
 
+FamilyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--family",
+        help="Run a task of this agent task family (agent/shell, agent/ledger, ...) instead of a goal.",
+    ),
+]
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="With --family: which task of the family.")]
+
+
 def _config(ctx: typer.Context, locations: Locations) -> AgentsConfig:
     return locations.config(state(ctx))
 
@@ -96,6 +107,16 @@ def _spec(
     return build_task_spec(data, str(task_file) if task_file else "task")
 
 
+def _family_spec(name: str, seed: int, max_steps: int | None, given: Mapping[str, object]) -> TaskSpec:
+    """A family's task (its goal, files, tools and check); the options that would change it are refused."""
+    from tether.agents.families import MAX_STEPS, family
+
+    clashing = [flag for flag, value in given.items() if value]
+    if clashing:
+        raise ConfigError(f"--family {name} sets the whole task: drop {', '.join(clashing)}")
+    return family(name).task(seed, max_steps or MAX_STEPS)
+
+
 async def _submit(config: AgentsConfig, spec: TaskSpec) -> str:
     from tether.agents.service import AgentStack
 
@@ -109,7 +130,9 @@ async def _submit(config: AgentsConfig, spec: TaskSpec) -> str:
 @app.command("run")
 def run_command(
     ctx: typer.Context,
-    goal: Annotated[str, typer.Argument(help="What the agent should achieve.")],
+    goal: Annotated[str | None, typer.Argument(help="What the agent should achieve (or --family).")] = None,
+    family: FamilyOption = None,
+    seed: SeedOption = 0,
     roles: RolesOption = None,
     model: ModelOption = "smollm2-135m-instruct",
     base_url: BaseUrlOption = None,
@@ -132,7 +155,13 @@ def run_command(
     cli = state(ctx)
     with user_errors():
         config = _config(ctx, Locations(home, store, bus, bus_name, artifacts, table_prefix))
-        spec = _spec(goal, roles, max_steps, file, require_finish, task_file)
+        if family is not None:
+            given = {"a goal": goal, "--roles": roles, "--file": file, "--task-file": task_file}
+            spec = _family_spec(family, seed, max_steps, given)
+        elif goal is None:
+            raise ConfigError("give the task's goal, or --family NAME [--seed N] for a task of a family")
+        else:
+            spec = _spec(goal, roles, max_steps, file, require_finish, task_file)
         chat_model = open_model_client(cli, model, base_url, device, dtype)
         task_id = asyncio.run(_submit(config, spec))
         console.print(

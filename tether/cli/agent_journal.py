@@ -13,6 +13,7 @@ import typer
 import yaml
 from rich.table import Table
 
+from tether.agents.check import CheckOutcome
 from tether.agents.timeline import task_line, timeline_lines
 from tether.cli.agent_follow import console, print_new_steps
 from tether.cli.agent_follow import follow as follow_task
@@ -44,7 +45,14 @@ def summary(task: TaskRecord, steps: int) -> dict[str, object]:
         "owner": task.owner,
         "result": task.result,
         "error": task.error,
+        "check": describe_check(task),
     }
+
+
+def describe_check(task: TaskRecord) -> str | None:
+    """How the task's success check went, when it has one and it ran."""
+    outcome = CheckOutcome.find(task.result) or CheckOutcome.find(task.error)
+    return outcome.describe() if outcome is not None else None
 
 
 def readable_journal(config: AgentsConfig) -> Journal | None:

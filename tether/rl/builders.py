@@ -16,9 +16,10 @@ from tether.envs.registry import EnvRegistry, default_registry, mixture_from_wei
 from tether.models.memory_plan import Strategy
 from tether.models.precision import resolve_device
 from tether.models.threads import strict_matmul
-from tether.rl.config import Backend, RolloutBackend, TrainConfig
+from tether.rl.agent_rollouts import register_agent_families
+from tether.rl.config import AgentJournal, Backend, RolloutBackend, TrainConfig
 from tether.rl.learner import Learner
-from tether.rl.sources import RolloutSource, server_rollouts
+from tether.rl.sources import EngineRollouts, RolloutSource, server_rollouts
 from tether.rl.trainer import Trainer, sampling_params
 
 if TYPE_CHECKING:
@@ -117,6 +118,14 @@ def open_learner(config: TrainConfig) -> Learner:
         raise
 
 
+def training_registry(config: TrainConfig, registry: EnvRegistry | None = None) -> EnvRegistry:
+    """The environments a run draws from: `registry` (default: every built-in and plug-in) and the
+    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`)."""
+    registry = registry or default_registry()
+    register_agent_families(registry, config.agents.max_steps)
+    return registry
+
+
 def build_trainer(
     config: TrainConfig,
     registry: EnvRegistry | None = None,
@@ -127,7 +136,7 @@ def build_trainer(
 
     Rollouts come from where `config.rollout_backend` says (`sources.py`); with `run.backend = "ray"` or
     `rollout.backend = "ray"` the learner or the rollout engines are Ray actors (`ray_backend.py`)."""
-    registry = registry or default_registry()
+    registry = training_registry(config, registry)
     mixture_from_weights(registry, config.envs.weights)  # unknown names fail before any model loads
     if config.model.strict_matmul:
         strict_matmul()
@@ -147,4 +156,9 @@ def build_trainer(
         if rollouts is not None:
             rollouts.close()
         raise
+    if rollouts is None:
+        assert engine is not None and tokenizer is not None
+        agent_state = config.run_dir / "agent_journal" if config.agents.journal is AgentJournal.RUN else None
+        params = sampling_params(config.rollout)
+        rollouts = EngineRollouts(engine, tokenizer, registry, ctx, params, agent_state_dir=agent_state)
     return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx, rollouts=rollouts), resume)

@@ -376,6 +376,25 @@ class LearnerSection(_Section):
     )
 
 
+class AgentJournal(StrEnum):
+    MEMORY = "memory"
+    RUN = "run"
+
+
+class AgentsSection(_Section):
+    """Agent task families in the mixture (`envs.weights`: `agent/shell`, `agent/ledger`, ...)."""
+
+    max_steps: int = Field(
+        8, ge=1, le=1000, description="Model calls per agent-task episode (the task's step budget)."
+    )
+    journal: AgentJournal = Field(
+        AgentJournal.MEMORY,
+        description="memory: each batch's episodes journaled in a temporary SQLite journal; run: in "
+        "<run dir>/agent_journal, kept, so a rollout killed mid-batch resumes with --resume and no "
+        "step is applied twice.",
+    )
+
+
 class TrainConfig(_Section):
     model: ModelSection = Field(default_factory=lambda: ModelSection())
     envs: EnvsSection
@@ -385,6 +404,7 @@ class TrainConfig(_Section):
     run: RunSection = Field(default_factory=lambda: RunSection())
     ray: RaySection = Field(default_factory=lambda: RaySection())
     learner: LearnerSection = Field(default_factory=lambda: LearnerSection())
+    agents: AgentsSection = Field(default_factory=lambda: AgentsSection())
 
     @property
     def rollout_backend(self) -> RolloutBackend:
@@ -447,6 +467,17 @@ class TrainConfig(_Section):
                 f"rollout.weight_sync = {str(self.rollout.weight_sync)!r} does not apply to rollout.backend "
                 f"= {str(self.rollout_backend)!r}, which accepts {', '.join(repr(str(w)) for w in allowed)}"
             )
+        agent_envs = [name for name in self.envs.weights if name.split("/", 1)[0] == "agent"]
+        if agent_envs and self.rollout_backend is not RolloutBackend.LOCAL:
+            raise ValueError(
+                f"envs.weights {agent_envs}: agent tasks run through the agents' TaskRunner on our engine in "
+                f"this process; use rollout.backend = 'local', not {str(self.rollout_backend)!r}"
+            )
+        if agent_envs and len(agent_envs) < len(self.envs.weights):
+            raise ValueError(
+                f"envs.weights mixes agent task families {agent_envs} with other environments: train "
+                "agent tasks in a mixture of their own"
+            )
         if self.algorithm.advantage is AdvantageKind.RLOO and self.rollout.samples_per_prompt < 2:
             raise ValueError("algorithm.advantage = 'rloo' needs rollout.samples_per_prompt >= 2")
         if self.algorithm.overlong_buffer_tokens > self.rollout.max_new_tokens:
@@ -470,6 +501,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "run": RunSection,
     "ray": RaySection,
     "learner": LearnerSection,
+    "agents": AgentsSection,
 }
 
 

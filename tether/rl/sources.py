@@ -4,7 +4,8 @@ A source generates and scores planned prompts with the weights it last loaded an
 the policy version that produced it; `load(weights, version)` is its one way in for weights.
 `EngineRollouts` runs our `LLMEngine` in this process, `RemoteRollouts` a fleet of vLLM or SGLang servers
 (`servers.py`), and the Ray backend (`ray_backend.py`) our engines as actors. Every source scores with
-the same `score_groups`; multi-turn episodes need our engine (`episodes.py`), so servers refuse them.
+the same `score_groups`; multi-turn episodes need our engine (`episodes.py`; agent tasks:
+`agent_rollouts.py`), so servers refuse them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
@@ -25,6 +27,7 @@ from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, mixture_from_weights
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
+from tether.rl.agent_rollouts import AgentRollouts, is_agent_env
 from tether.rl.config import TrainConfig, WeightSync
 from tether.rl.episodes import EpisodeDriver, ReplyParser
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
@@ -81,6 +84,7 @@ class EngineRollouts:
         params: SamplingParams,
         clock: Callable[[], float] = time.monotonic,
         parse_reply: ReplyParser | None = None,
+        agent_state_dir: Path | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -90,6 +94,8 @@ class EngineRollouts:
         self.clock = clock
         # Multi-turn: reply text -> assistant message (None: the chat template's tool-call format).
         self.parse_reply = parse_reply
+        # Agent tasks: where their journal lives between batches (None: a temporary one per batch).
+        self.agent_state_dir = agent_state_dir
         # Decode steps of few sequences computed as the learner computes whole sequences: equal logprobs.
         engine.set_batch_invariant(True)
         # One loop for the whole run: the sandbox pool started by scoring lives on it between steps.
@@ -97,6 +103,10 @@ class EngineRollouts:
 
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         start = self.clock()
+        if any(is_agent_env(plan.env) for plan in plans):
+            agents = AgentRollouts(self.engine, self.tokenizer, self.params, self.agent_state_dir)
+            tasks, rollouts = self._loop.run_until_complete(agents.run(plans, self.registry, self.ctx))
+            return Generated(tasks, rollouts, self.clock() - start, 0.0)
         if any(self.registry.get(plan.env).multi_turn for plan in plans):
             # Episodes are scored as they end, while the engine keeps generating for the others.
             driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
