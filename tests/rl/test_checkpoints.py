@@ -24,9 +24,9 @@ from tether.rl.checkpoint import (
     saved_model,
     start_checkpoint,
 )
-from tether.rl.config import OptimSection
 from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
+from tether.rl.sections import OptimSection
 
 from .test_resume import _stable
 from .test_trainer import make_trainer, tiny_config
@@ -104,8 +104,8 @@ from pathlib import Path
 from tether.errors import ConfigError
 from tether.models import load
 from tether.rl.checkpoint import save_checkpoint
-from tether.rl.config import OptimSection
-from tether.rl.config import OptimSection
+from tether.rl.sections import OptimSection
+from tether.rl.sections import OptimSection
 from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
 from tether.rl.losses import LossConfig

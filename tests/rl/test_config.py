@@ -11,8 +11,9 @@ from tether.envs.registry import mixture_from_weights
 from tether.errors import ConfigError
 from tether.rl.advantages import AdvantageKind
 from tether.rl.builders import training_registry
-from tether.rl.config import Mode, Schedule, dump_config, load_config, parse_config
+from tether.rl.config import dump_config, load_config, parse_config
 from tether.rl.learner import lr_multiplier
+from tether.rl.sections import Mode, Schedule
 
 MINIMAL: dict[str, Any] = {"envs": {"weights": {"math/arithmetic": 1.0}}}
 

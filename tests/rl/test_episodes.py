@@ -27,10 +27,11 @@ from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Problem, Task
 from tether.models import load
 from tether.rl.builders import learner_options
-from tether.rl.config import AlgorithmSection, TrainConfig, parse_config
+from tether.rl.config import TrainConfig, parse_config
 from tether.rl.episodes import EpisodeDriver, ObservationEncoder, assemble, template_reply
 from tether.rl.learner import Learner
 from tether.rl.rollout import PromptPlan, Rollout, Turn, plan_prompts, task_tools
+from tether.rl.sections import AlgorithmSection
 from tether.rl.sources import EngineRollouts
 from tether.rl.trainer import Trainer, to_samples
 from tether.tools import SUBMIT, Tool, Workspace

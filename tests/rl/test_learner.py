@@ -11,9 +11,9 @@ import torch
 
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
-from tether.rl.config import OptimSection
 from tether.rl.learner import Learner, Sample, plan_micro_batches
 from tether.rl.losses import Aggregation, LossConfig, Normaliser, policy_loss
+from tether.rl.sections import OptimSection
 
 SAMPLES = [
     Sample([3, 4, 5, 6, 7], 2, [-4.0, -5.0, -4.5], 1.0),

@@ -25,7 +25,8 @@ from tether.envs.bench import BENCH_ENV, reward
 from tether.envs.registry import default_registry
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
-from tether.rl.config import Mode, TrainConfig, parse_config
+from tether.rl.config import TrainConfig, parse_config
+from tether.rl.sections import Mode
 
 Progress = Callable[[str], None]
 

@@ -17,8 +17,9 @@ from tether.models.memory_plan import Strategy
 from tether.models.precision import resolve_device
 from tether.models.threads import strict_matmul
 from tether.rl.agent_rollouts import register_agent_families
-from tether.rl.config import AgentJournal, Backend, RolloutBackend, TrainConfig
+from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner
+from tether.rl.sections import AgentJournal, Backend, RolloutBackend
 from tether.rl.sources import EngineRollouts, RolloutSource, server_rollouts
 from tether.rl.trainer import Trainer, sampling_params
 

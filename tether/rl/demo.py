@@ -27,9 +27,10 @@ from tether.envs.context import SandboxProvider
 from tether.envs.registry import EnvRegistry
 from tether.errors import ConfigError
 from tether.rl.builders import build_trainer
-from tether.rl.config import Backend, RolloutBackend, TrainConfig, parse_config
+from tether.rl.config import TrainConfig, parse_config
 from tether.rl.report import ALL, write_report  # ALL: the comparison row over every domain
 from tether.rl.rollout import PromptPlan, Rollout, derive_seed
+from tether.rl.sections import Backend, RolloutBackend
 from tether.rl.sources import EngineRollouts
 from tether.rl.trainer import Metrics
 

@@ -37,9 +37,9 @@ from tether.errors import ConfigError
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import load_learner_state, save_learner_state
-from tether.rl.config import LoraSection, OptimSection, Schedule
 from tether.rl.lora import attach_lora, merged_weights
 from tether.rl.losses import Correction, LossConfig, Normaliser, policy_loss, truncated_importance_weights
+from tether.rl.sections import LoraSection, OptimSection, Schedule
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: Schedule) -> float:

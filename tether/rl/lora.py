@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tether.errors import ConfigError
-from tether.rl.config import LoraSection
+from tether.rl.sections import LoraSection
 
 ADAPTER = "default"  # peft's adapter name: one adapter per model
 

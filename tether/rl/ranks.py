@@ -16,8 +16,9 @@ import torch
 from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.threads import available_cores, strict_matmul
-from tether.rl.config import Backend, TrainConfig
+from tether.rl.config import TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
+from tether.rl.sections import Backend
 
 
 def follow_rank(config: TrainConfig, rendezvous: Rendezvous) -> None:

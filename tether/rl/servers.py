@@ -25,7 +25,7 @@ import torch
 
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError, TetherError
-from tether.rl.config import URL_PATTERN, RolloutBackend
+from tether.rl.sections import URL_PATTERN, RolloutBackend
 
 if TYPE_CHECKING:
     from tether.rl.server_weights import WeightsGroup

@@ -30,7 +30,6 @@ from torch.utils.checkpoint import checkpoint
 
 from tether.errors import ConfigError
 from tether.models.transformer import CausalLM, DecoderLayer
-from tether.rl.config import LearnerSection
 from tether.rl.distributed import LearnerGroup
 from tether.rl.learner import (
     Learner,
@@ -43,6 +42,7 @@ from tether.rl.learner import (
     row_tokens,
 )
 from tether.rl.losses import Normaliser
+from tether.rl.sections import LearnerSection
 
 
 class Command(StrEnum):

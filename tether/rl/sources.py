@@ -28,9 +28,10 @@ from tether.envs.registry import EnvRegistry, mixture_from_weights
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
 from tether.rl.agent_rollouts import AgentRollouts, is_agent_env
-from tether.rl.config import TrainConfig, WeightSync
+from tether.rl.config import TrainConfig
 from tether.rl.episodes import EpisodeDriver, ReplyParser
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
+from tether.rl.sections import WeightSync
 from tether.rl.server_weights import CollectiveTransport, SafetensorsDirTransport
 from tether.rl.servers import (
     SERVERS,

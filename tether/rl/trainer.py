@@ -37,18 +37,13 @@ from tether.rl.checkpoint import (
     start_checkpoint,
     truncate_metrics,
 )
-from tether.rl.config import (
-    AlgorithmSection,
-    Mode,
-    RolloutSection,
-    TrainConfig,
-    dump_config,
-)
+from tether.rl.config import TrainConfig, dump_config
 from tether.rl.learner import Learner, Sample
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
 from tether.rl.report import write_report
 from tether.rl.rollout import Rollout, plan_prompts
+from tether.rl.sections import AlgorithmSection, Mode, RolloutSection
 from tether.rl.sources import EngineRollouts, RolloutSource
 
 if TYPE_CHECKING:
