@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tether.chat.completion import Usage
-    from tether.gateway.app import Gateway, create_gateway_app
+    from tether.gateway.app import create_gateway_app
     from tether.gateway.config import GatewayConfig, Limits, Pool, Price, Tier, load_gateway_config
+    from tether.gateway.handling import Gateway
     from tether.gateway.keys import ApiKey, KeyStore
     from tether.gateway.ledger import Ledger
     from tether.gateway.limits import LimitStore, MemoryLimitStore
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "ApiKey": "tether.gateway.keys",
-    "Gateway": "tether.gateway.app",
+    "Gateway": "tether.gateway.handling",
     "GatewayConfig": "tether.gateway.config",
     "HttpUpstream": "tether.gateway.upstream",
     "KeyStore": "tether.gateway.keys",

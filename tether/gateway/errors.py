@@ -33,3 +33,14 @@ class GatewayError(TetherError):
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         return AsciiJSONResponse({"error": self.body()}, status_code=self.status, headers=headers)
+
+
+def ledger_unavailable() -> GatewayError:
+    """The refusal of a request whose reservation or charge the ledger cannot record right now."""
+    return GatewayError(
+        503,
+        "the usage ledger cannot record this request right now, so it is not served; retry shortly",
+        "ledger_unavailable",
+        "server_error",
+        retry_after_s=1.0,
+    )

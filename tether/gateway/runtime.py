@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tether.gateway.app import Gateway, create_gateway_app
+from tether.gateway.app import create_gateway_app
 from tether.gateway.config import GatewayConfig
+from tether.gateway.handling import Gateway
 from tether.gateway.keys import KeyStore
 from tether.gateway.ledger import Ledger
 from tether.gateway.limits import LimitStore, MemoryLimitStore, entries_from_ledger, longest_window_s
