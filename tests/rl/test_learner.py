@@ -11,8 +11,9 @@ import torch
 
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
-from tether.rl.learner import Learner, Sample, plan_micro_batches
+from tether.rl.learner import Learner
 from tether.rl.losses import Aggregation, LossConfig, Normaliser, policy_loss
+from tether.rl.samples import Sample
 from tether.rl.sections import OptimSection
 
 SAMPLES = [
@@ -118,40 +119,6 @@ def test_a_step_with_every_sample_skipped_still_steps_the_optimizer(
     assert stats.grad_norm == 0.0
     # AdamW's moments from the first step keep moving the weights, as with a computed zero gradient.
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
-
-
-def test_micro_batch_plan_groups_prompts_splits_large_groups_and_puts_long_rows_first() -> None:
-    samples = [
-        Sample([1, 2, 3], 2, [-1.0], 1.0),  # prompt A
-        Sample([5, 6, 7, 8, 9, 9], 2, [-1.0] * 4, 1.0),  # prompt B
-        Sample([1, 2, 4], 2, [-1.0], 1.0),  # A
-        Sample([1, 2, 5], 2, [-1.0], 1.0),  # A
-        Sample([1, 2, 6], 2, [-1.0], 0.0),  # A, not trained
-        Sample([5, 6, 7], 2, [-1.0], 1.0),  # B
-    ]
-    trained = [s.advantage != 0 for s in samples]
-    assert plan_micro_batches(samples, 5, trained) == [[[1, 5], [0, 2, 3]]]
-    assert plan_micro_batches(samples, 4, trained) == [[[1, 5]], [[0, 2, 3]]]
-    assert plan_micro_batches(samples, 2, trained) == [[[1, 5]], [[0, 2]], [[3]]]
-    assert plan_micro_batches(samples, 1, trained) == [[[1]], [[0]], [[2]], [[3]], [[5]]]
-    assert plan_micro_batches(samples, 4, [False] * len(samples)) == []
-
-
-def test_a_token_budget_splits_micro_batches_and_large_groups() -> None:
-    samples = [
-        Sample([1, 2, 3, 3, 3], 2, [-1.0] * 3, 1.0),  # prompt A (2 tokens) + 3
-        Sample([1, 2, 4], 2, [-1.0], 1.0),  # A + 1
-        Sample([1, 2, 5, 5], 2, [-1.0] * 2, 1.0),  # A + 2
-        Sample([7, 8, 9], 2, [-1.0], 1.0),  # prompt B (2 tokens) + 1
-    ]
-    trained = [True] * len(samples)
-    # A's three samples need 2 + 3 + 1 + 2 = 8 tokens: at 7 they are split, the prompt in both rows.
-    assert plan_micro_batches(samples, 8, trained, max_tokens=8) == [[[0, 1, 2]], [[3]]]
-    assert plan_micro_batches(samples, 8, trained, max_tokens=7) == [[[0, 1]], [[2], [3]]]
-    assert plan_micro_batches(samples, 8, trained, max_tokens=11) == [[[0, 1, 2], [3]]]
-    # A sample longer than the budget runs alone instead of being refused.
-    assert plan_micro_batches(samples, 8, trained, max_tokens=2) == [[[0]], [[2]], [[1]], [[3]]]
-    assert plan_micro_batches(samples, 8, trained, max_tokens=None) == plan_micro_batches(samples, 8, trained)
 
 
 def test_a_token_budget_gives_the_same_update(tiny_model: Callable[[str], Path]) -> None:

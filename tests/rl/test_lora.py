@@ -21,8 +21,9 @@ from tether.models.dense import DenseBatch, token_logprobs
 from tether.rl.builders import make_engine, make_learner
 from tether.rl.checkpoint import saved_model
 from tether.rl.config import TrainConfig, dump_config, parse_config
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
+from tether.rl.samples import Sample
 from tether.rl.sections import LoraSection, OptimSection
 from tether.rl.trainer import Trainer
 

@@ -15,9 +15,10 @@ import torch
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.losses import Correction, LossConfig, Normaliser, policy_loss, truncated_importance_weights
 from tether.rl.parity import compare_with_single
+from tether.rl.samples import Sample
 from tether.rl.sections import OptimSection
 
 CAP = 2.0

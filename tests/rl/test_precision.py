@@ -18,8 +18,9 @@ from tether.errors import ConfigError
 from tether.models import load
 from tether.models.precision import DType
 from tether.rl.builders import build_trainer
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
+from tether.rl.samples import Sample
 from tether.rl.sections import OptimSection
 
 from .fake_envs import fake_registry

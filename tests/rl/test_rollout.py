@@ -14,10 +14,11 @@ from tether.envs.registry import Mixture
 from tether.errors import ConfigError
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.rollout import Rollout, plan_prompts
+from tether.rl.samples import Sample
 from tether.rl.sections import AlgorithmSection, OptimSection
 from tether.rl.trainer import to_samples
 

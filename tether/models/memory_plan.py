@@ -73,7 +73,7 @@ class MicroBatch:
         completion_tokens: int,
         max_tokens: int | None = None,
     ) -> MicroBatch:
-        """As `learner.plan_micro_batches` forms them: a group over `sequences` samples (or `max_tokens`
+        """As `rl.samples.plan_micro_batches` forms them: a group over `sequences` samples (or `max_tokens`
         tokens) is split, smaller groups share a micro-batch up to both bounds."""
         samples = min(samples_per_prompt, sequences)
         prompts = max(1, sequences // samples)

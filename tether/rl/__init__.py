@@ -4,9 +4,10 @@ and the sync/async trainer with checkpoints. See `trainer.py` for how the parts 
 from tether.rl.advantages import AdvantageKind, compute_advantages, informative_groups, overlong_penalty
 from tether.rl.builders import build_trainer
 from tether.rl.config import TrainConfig, dump_config, load_config, parse_config
-from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.learner import Learner, LearnStats
 from tether.rl.losses import Aggregation, LossConfig, LossOutput, Normaliser, policy_loss
 from tether.rl.rollout import PromptPlan, Rollout, generate_groups, plan_prompts, score_groups
+from tether.rl.samples import Sample
 from tether.rl.trainer import Trainer, to_samples
 
 __all__ = [

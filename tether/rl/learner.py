@@ -10,13 +10,13 @@ the learner's numbers cannot equal the engine's (bf16, other kernels), `mismatch
 sample the same way against the trainer-engine mismatch, per token or per sequence (`losses.py`). The
 batch is split into micro-batches whose losses are normalised by batch-wide counts (gradient accumulation
 gives the full-batch gradient), then clipped, stepped with AdamW and the LR schedule. For speed, samples
-of one prompt share a row (the prompt computed once), and samples that cannot change the gradient
-(advantage 0 without KL) are not computed at all; the old-logprob pass is never needed, since the engine
-recorded the behaviour logprobs. With `lora`, only peft adapters train (`lora.py`). The learner knows
-nothing of engines or environments; `weights()` is what gets pushed to the rollout engine, and
-`save_state` / `load_state` what a checkpoint holds. `ShardedLearner` (`sharded.py`) runs the same step
-data parallel over FSDP2 ranks by overriding which micro-batches this process computes and how the
-statistics combine.
+of one prompt share a row (the prompt computed once; `samples.py` plans the rows and micro-batches), and
+samples that cannot change the gradient (advantage 0 without KL) are not computed at all; the old-logprob
+pass is never needed, since the engine recorded the behaviour logprobs. With `lora`, only peft adapters
+train (`lora.py`). The learner knows nothing of engines or environments; `weights()` is what gets pushed
+to the rollout engine, and `save_state` / `load_state` what a checkpoint holds. `ShardedLearner`
+(`sharded.py`) runs the same step data parallel over FSDP2 ranks by overriding which micro-batches this
+process computes and how the statistics combine.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import load_learner_state, save_learner_state
 from tether.rl.lora import attach_lora, merged_weights
 from tether.rl.losses import Correction, LossConfig, Normaliser, policy_loss, truncated_importance_weights
+from tether.rl.samples import Row, Sample, plan_micro_batches
 from tether.rl.sections import LoraSection, OptimSection, Schedule
 
 
@@ -53,32 +54,6 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: Sche
     if schedule is Schedule.LINEAR:
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One sequence to learn from: its ids, where the completion starts, and what the loss needs."""
-
-    token_ids: list[int]  # prompt + completion
-    completion_start: int
-    behaviour_logprobs: list[float]  # one per completion token
-    advantage: float
-    loss_mask: list[bool] | None = None  # per completion token; None: every token (single-turn)
-    stale: bool = False  # generated (in part) by older weights than the learner's: truncated IS applies
-
-    def __post_init__(self) -> None:
-        completion = len(self.token_ids) - self.completion_start
-        if not 1 <= self.completion_start < len(self.token_ids):
-            raise ValueError(
-                f"completion_start {self.completion_start} must leave a prompt and a completion in "
-                f"{len(self.token_ids)} tokens"
-            )
-        lengths = {"behaviour_logprobs": len(self.behaviour_logprobs)}
-        if self.loss_mask is not None:
-            lengths["loss_mask"] = len(self.loss_mask)
-        for name, length in lengths.items():
-            if length != completion:
-                raise ValueError(f"{name} has {length} entries for {completion} completion tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,69 +141,6 @@ def _padded(rows: Sequence[Sequence[float]], width: int, device: torch.device) -
 
 
 SCALER = "scaler.pt"  # in a checkpoint of a float16 learner: its loss scale
-Row = list[int]  # indices of samples sharing one prompt: one prompt document and its completions
-
-
-def row_tokens(samples: Sequence[Sample], row: Row) -> int:
-    first = samples[row[0]]
-    return first.completion_start + sum(len(samples[i].token_ids) - samples[i].completion_start for i in row)
-
-
-def _split(samples: Sequence[Sample], members: Row, size: int, max_tokens: int | None) -> list[Row]:
-    """A prompt's samples in rows of at most `size` samples and `max_tokens` tokens (a sample longer
-    than that alone), in order."""
-    rows: list[Row] = []
-    for index in members:
-        row = rows[-1] if rows else []
-        if (
-            not row
-            or len(row) == size
-            or (max_tokens is not None and row_tokens(samples, [*row, index]) > max_tokens)
-        ):
-            rows.append([])
-        rows[-1].append(index)
-    return rows
-
-
-def prompt_groups(samples: Sequence[Sample], trained: Sequence[bool]) -> list[Row]:
-    """The `trained` samples grouped by their prompt (its token ids), in order of first appearance."""
-    groups: dict[tuple[int, ...], Row] = {}
-    for index, sample in enumerate(samples):
-        if trained[index]:
-            groups.setdefault(tuple(sample.token_ids[: sample.completion_start]), []).append(index)
-    return list(groups.values())
-
-
-def plan_micro_batches(
-    samples: Sequence[Sample], size: int, trained: Sequence[bool], max_tokens: int | None = None
-) -> list[list[Row]]:
-    """The rows of each micro-batch: the `trained` samples grouped by prompt, at most `size` samples and
-    (if set) `max_tokens` tokens per batch.
-
-    Samples of one prompt share a row (the prompt once, then each completion attending to it), so the n
-    samples of a GRPO group cost P + n*C tokens instead of n*(P + C); a group over either bound is split.
-    Rows go longest first, each into the current micro-batch while it fits, so that a token budget is
-    filled by rows of similar length."""
-    assert size >= 1 and len(trained) == len(samples)
-    assert max_tokens is None or max_tokens >= 1
-    rows = [
-        row
-        for members in prompt_groups(samples, trained)
-        for row in _split(samples, members, size, max_tokens)
-    ]
-    rows.sort(key=lambda row: row_tokens(samples, row), reverse=True)
-    batches: list[list[Row]] = []
-    count = size  # sequences in the last batch: start a new one at the first row
-    tokens = 0  # tokens in the last batch
-    for row in rows:
-        length = row_tokens(samples, row)
-        if count + len(row) > size or (max_tokens is not None and tokens + length > max_tokens):
-            batches.append([])
-            count = tokens = 0
-        batches[-1].append(row)
-        count += len(row)
-        tokens += length
-    return batches
 
 
 def check_compute_dtype(dtype: torch.dtype, device: torch.device) -> None:

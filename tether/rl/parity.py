@@ -23,8 +23,9 @@ from tether.models.dense import DenseBatch, token_logprobs
 from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
+from tether.rl.samples import Sample
 from tether.rl.sections import LearnerSection, OptimSection
 from tether.rl.sharded import ShardedLearner, local_state_bytes
 

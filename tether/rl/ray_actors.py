@@ -25,8 +25,9 @@ from tether.models.threads import strict_matmul
 from tether.rl.builders import make_engine, make_learner
 from tether.rl.config import TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
-from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.learner import Learner, LearnStats
 from tether.rl.rollout import PromptPlan
+from tether.rl.samples import Sample
 from tether.rl.sharded import ShardedLearner
 from tether.rl.sources import EngineRollouts, Generated
 from tether.rl.trainer import sampling_params

@@ -36,7 +36,7 @@ from tether.models.transformer import CausalLM
 from tether.rl.builders import learner_options, open_learner, open_run
 from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
 from tether.rl.config import TrainConfig
-from tether.rl.learner import Learner, LearnStats, Sample
+from tether.rl.learner import Learner, LearnStats
 from tether.rl.ray_actors import (
     LearnerActor,
     LearnerState,
@@ -47,6 +47,7 @@ from tether.rl.ray_actors import (
 from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.rollout import PromptPlan
+from tether.rl.samples import Sample
 from tether.rl.sections import Backend, RaySection, RolloutBackend, WeightSync
 from tether.rl.sources import Generated, RolloutSource, server_rollouts
 from tether.rl.trainer import Trainer, sampling_params

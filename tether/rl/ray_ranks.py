@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from tether.errors import TetherError
 from tether.models.transformer import CausalLM
 from tether.rl.config import TrainConfig
-from tether.rl.learner import LearnStats, Sample
+from tether.rl.learner import LearnStats
 from tether.rl.ray_actors import LearnerRank
 from tether.rl.ray_backend import RemoteLearner
+from tether.rl.samples import Sample
 
 if TYPE_CHECKING:
     from tether.rl.ray_backend import RayCluster

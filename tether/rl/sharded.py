@@ -31,17 +31,9 @@ from torch.utils.checkpoint import checkpoint
 from tether.errors import ConfigError
 from tether.models.transformer import CausalLM, DecoderLayer
 from tether.rl.distributed import LearnerGroup
-from tether.rl.learner import (
-    Learner,
-    LearnStats,
-    Ratios,
-    Row,
-    Sample,
-    check_compute_dtype,
-    prompt_groups,
-    row_tokens,
-)
+from tether.rl.learner import Learner, LearnStats, Ratios, check_compute_dtype
 from tether.rl.losses import Normaliser
+from tether.rl.samples import Row, Sample, prompt_groups, row_tokens
 from tether.rl.sections import LearnerSection
 
 

@@ -38,11 +38,12 @@ from tether.rl.checkpoint import (
     truncate_metrics,
 )
 from tether.rl.config import TrainConfig, dump_config
-from tether.rl.learner import Learner, Sample
+from tether.rl.learner import Learner
 from tether.rl.metrics import domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
 from tether.rl.report import write_report
 from tether.rl.rollout import Rollout, plan_prompts
+from tether.rl.samples import Sample
 from tether.rl.sections import AlgorithmSection, Mode, RolloutSection
 from tether.rl.sources import EngineRollouts, RolloutSource
 
