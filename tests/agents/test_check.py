@@ -13,7 +13,7 @@ import pytest_asyncio
 from tether.agents.check import CheckOutcome, run_check, tally, with_outcome, without_outcome
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentsConfig, AgentStack
-from tether.agents.task import CheckSpec, Limits, TaskSpec, build_task_spec
+from tether.agents.task import CheckSpec, Limits, SuiteCheck, TaskSpec, build_task_spec
 from tether.agents.timeline import task_line
 from tether.chat import JsonDict
 from tether.errors import ConfigError
@@ -107,7 +107,12 @@ def test_an_outcome_reads_back_from_the_text_it_was_journaled_in() -> None:
         ({"command": ""}, "check.command"),
         ({"command": "true", "timeout_s": 0}, "check.timeout_s"),
         ({"command": "true", "retries": 2}, "check.retries"),
-        ({"timeout_s": 5}, "check.command"),
+        (
+            {"timeout_s": 5},
+            "check = {'timeout_s': 5}: Value error, a check needs a `command`, a `suite` or both",
+        ),
+        ({"suite": {"imports": "import m"}}, "check.suite.tests"),
+        ({"suite": {"imports": "", "tests": "def test_a(m): pass"}}, "check.suite.imports"),
     ],
 )
 def test_a_bad_check_is_refused_naming_the_field(check: dict[str, object], field: str) -> None:
@@ -146,3 +151,27 @@ def test_the_task_line_names_the_check_outcome_in_words() -> None:
         "task t-1 failed: budget spent; success check failed (exit status 1, 25% of its checks)"
     )
     assert without_outcome(task.error) == "budget spent"
+
+
+async def test_a_suite_check_counts_each_hidden_test_with_the_command_s_checks(pool: SandboxPool) -> None:
+    suite = SuiteCheck(
+        imports="import calc",
+        tests=(
+            "def test_adds(m):\n    assert m.calc.add(2, 3) == 5\n\n"
+            "def test_subtracts(m):\n    assert m.calc.sub(3, 2) == 1\n"
+        ),
+    )
+    check = CheckSpec(command=CHECK.command, suite=suite)
+    async with await pool.open_session() as session:
+        await session.upload({"calc.py": "def add(a, b):\n    return a + b\n", "done.txt": "ok\n"})
+        outcome = await run_check(session, TaskSpec(goal="g"), check)
+        assert not outcome.passed and outcome.fraction == 2 / 3 and "failed: test_subtracts" in outcome.output
+        await session.upload(
+            {"calc.py": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"}
+        )
+        outcome = await run_check(session, TaskSpec(goal="g"), check)
+        assert outcome.passed and outcome.fraction == 1.0 and outcome.exit_code == 0
+        outcome = await run_check(
+            session, TaskSpec(goal="g"), CheckSpec(suite=suite.model_copy(update={"imports": "import nope"}))
+        )
+        assert not outcome.passed and outcome.fraction == 0.0

@@ -65,6 +65,64 @@ async def test_tampering_with_a_protected_file_fails_the_check(pool: SandboxPool
     assert not passed and 0.5 < fraction < 1.0
 
 
+FAKE_PASS = "import os\nprint('checks: 9/9', flush=True)\nos._exit(0)\n"
+
+
+@pytest.mark.parametrize("module", ["json", "base64", "hashlib", "subprocess", "types"])
+async def test_a_module_planted_in_the_workdir_cannot_fake_the_shell_check(
+    pool: SandboxPool, module: str
+) -> None:
+    spec = family("agent/shell").task(0)
+    plant = ("python", f"open({module + '.py'!r}, 'w').write({FAKE_PASS!r})")
+    passed, fraction = await check_after(pool, spec, [plant])
+    assert not passed and fraction < 1.0
+
+
+# Each would have passed the checker that imported the package into its own process.
+_EXIT_ON_IMPORT = FAKE_PASS
+_PATCH_ON_IMPORT = (
+    "import builtins, sys\n"
+    "_print = builtins.print\n"
+    "builtins.print = lambda *args, **kwargs: _print('checks: 9/9')\n"
+    "sys.exit = lambda *args: None\n"
+)
+_EXIT_WHEN_CALLED = (
+    "import os as _os\n"
+    "def _fake(*args, **kwargs):\n"
+    "    print('checks: 9/9', flush=True)\n"
+    "    _os._exit(0)\n"
+    "for _name, _value in list(globals().items()):\n"
+    "    if callable(_value) and getattr(_value, '__module__', None) == __name__:\n"
+    "        globals()[_name] = _fake\n"
+)
+
+
+def _append_to_modules(name: str, seed: int, code: str) -> list[tuple[str, str]]:
+    modules = RepoSource(name.removeprefix("agent/")).problem(seed).data["modules"]
+    return [("python", f"open({path!r}, 'a').write({code!r})") for path in modules]
+
+
+@pytest.mark.parametrize(
+    ("name", "seed", "attack"),
+    [
+        ("agent/ledger", 3, [("python", f"open('ledger/__init__.py', 'w').write({_EXIT_ON_IMPORT!r})")]),
+        ("agent/textkit", 5, [("python", f"open('textkit/__init__.py', 'w').write({_PATCH_ON_IMPORT!r})")]),
+        (
+            "agent/ledger",
+            3,
+            [*reference("agent/ledger", 3), *_append_to_modules("agent/ledger", 3, _EXIT_WHEN_CALLED)],
+        ),
+        ("agent/ledger", 3, [("python", f"open('json.py', 'w').write({FAKE_PASS!r})")]),
+    ],
+    ids=["exit-on-import", "patch-on-import", "exit-when-called", "planted-json"],
+)
+async def test_a_package_that_fakes_its_result_fails_the_repository_check(
+    pool: SandboxPool, name: str, seed: int, attack: list[tuple[str, str]]
+) -> None:
+    passed, fraction = await check_after(pool, family(name).task(seed), attack)
+    assert not passed and fraction < 0.5
+
+
 def test_family_tasks_keep_the_whole_history_and_end_with_finish() -> None:
     for name, agent_family in FAMILIES.items():
         spec = agent_family.task(1, max_steps=12)

@@ -394,7 +394,7 @@ def test_two_grpo_steps_on_agent_tasks_then_the_checkpoint_runs_the_same_task_as
     shown = CliRunner().invoke(app, ["agent", "show", task_id, "--json", "--home", str(tmp_path / "home")])
     record = json.loads(shown.output)
     assert record["status"] == "failed" and record["check"].startswith("failed (exit status 1")
-    assert record["spec"]["check"]["command"].startswith("python3 -c")
+    assert record["spec"]["check"]["command"].startswith("python3 -I -c")
 
 
 def test_a_turn_generated_again_after_a_crash_continues_from_the_turn_before_it(

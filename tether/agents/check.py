@@ -1,4 +1,10 @@
-"""A task's success check: run its command in the task's workdir when the task ends, and say how it went.
+"""A task's success check: run its command and its hidden test suite in the task's workdir when the task
+ends, and say how it went.
+
+The suite goes through the code harness (`tether.envs.code.runner.run_suite`): the workdir's modules are
+imported only in a child process that answers calls with plain data, while the trusted tests and the
+report (framed with a nonce the child never sees) stay in the parent, so a package that prints a fake
+tally, exits early or monkeypatches the tests gains nothing.
 
 The outcome is journaled with the task's end as one line of its result (or error), `check: {json}`, so
 `tether agent show` prints it and `CheckOutcome.find` reads it back (the RL rollouts reward it). The
@@ -12,8 +18,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from tether.agents.task import CheckSpec, TaskSpec
+from tether.agents.task import CheckSpec, SuiteCheck, TaskSpec
+from tether.envs.code.runner import run_suite
 from tether.sandbox.result import RunStatus
+from tether.sandbox.spec import SandboxSpec
+from tether.tools.workspace import SandboxWorkspace
 
 if TYPE_CHECKING:
     from tether.sandbox.session import SandboxSession
@@ -27,7 +36,7 @@ OUTPUT_CHARS = 400  # of the check's output kept in the journal
 class CheckOutcome:
     passed: bool
     exit_code: int | None
-    fraction: float  # of the check's own checks that passed (1.0/0.0 from the exit code without a tally)
+    fraction: float  # of its checks that passed (the command's tally, or 1/0 from its exit code; each test)
     output: str  # the end of its stdout and stderr
 
     def line(self) -> str:
@@ -58,24 +67,59 @@ def with_outcome(text: str | None, outcome: CheckOutcome | None) -> str | None:
     return f"{text}\n{outcome.line()}" if text else outcome.line()
 
 
-def tally(stdout: str) -> float | None:
-    """K/N from a last stdout line `checks: K/N`, if the check printed one."""
+def _counts(stdout: str) -> tuple[int, int] | None:
     lines = stdout.strip().splitlines()
     found = _TALLY.match(lines[-1].strip()) if lines else None
     if found is None or int(found[2]) == 0:
         return None
-    return min(1.0, int(found[1]) / int(found[2]))
+    return min(int(found[1]), int(found[2])), int(found[2])
+
+
+def tally(stdout: str) -> float | None:
+    """K/N from a last stdout line `checks: K/N`, if the check printed one."""
+    counts = _counts(stdout)
+    return None if counts is None else counts[0] / counts[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    passed: bool
+    exit_code: int | None  # the command's; a suite's as a checker's would be (0 iff every test passed)
+    counts: tuple[int, int]  # (checks passed, checks)
+    output: str
+
+
+async def _run_command(session: SandboxSession, limits: SandboxSpec, command: str) -> _Part:
+    result = await session.run(command, "bash", spec=limits)
+    passed = result.status is RunStatus.OK and result.exit_code == 0
+    counts = _counts(result.stdout) or (int(passed), 1)
+    return _Part(passed, result.exit_code, counts, result.stdout + result.stderr)
+
+
+async def _run_suite(session: SandboxSession, limits: SandboxSpec, suite: SuiteCheck) -> _Part:
+    results = await run_suite(SandboxWorkspace(session), suite.imports, suite.tests, spec=limits)
+    failed = sorted(name for name, ok in results.items() if not ok)
+    lines = [f"failed: {name}" for name in failed[:10]] or (
+        [] if results else ["the hidden test suite did not run"]
+    )
+    passed = bool(results) and not failed
+    counts = (len(results) - len(failed), len(results)) if results else (0, 1)
+    return _Part(passed, 0 if passed else 1, counts, "".join(line + "\n" for line in lines))
 
 
 async def run_check(session: SandboxSession, spec: TaskSpec, check: CheckSpec) -> CheckOutcome:
+    """The command's outcome and the suite's, combined: it passes if both do; each check counts once."""
     limits = spec.sandbox.model_copy(update={"timeout_s": check.timeout_s})
-    result = await session.run(check.command, "bash", spec=limits)
-    passed = result.status is RunStatus.OK and result.exit_code == 0
-    fraction = tally(result.stdout)
-    output = (result.stdout + result.stderr)[-OUTPUT_CHARS:]
+    parts = []
+    if check.command is not None:
+        parts.append(await _run_command(session, limits, check.command))
+    if check.suite is not None:
+        parts.append(await _run_suite(session, limits, check.suite))
+    passed_checks = sum(part.counts[0] for part in parts)
+    checks = sum(part.counts[1] for part in parts)
     return CheckOutcome(
-        passed=passed,
-        exit_code=result.exit_code,
-        fraction=(1.0 if passed else 0.0) if fraction is None else fraction,
-        output=output,
+        passed=all(part.passed for part in parts),
+        exit_code=parts[0].exit_code,
+        fraction=passed_checks / checks,
+        output="".join(part.output for part in parts)[-OUTPUT_CHARS:],
     )

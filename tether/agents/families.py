@@ -3,11 +3,13 @@
 A family is addressed by name (`agent/shell`, `agent/ledger`, `agent/textkit`) wherever a task is:
 `tether agent run --family NAME --seed N` hosts one, `tether train` trains on them (`envs.weights`).
 The tasks come from the environments' own sources (`tether.envs.shell`, `tether.envs.long_horizon`):
-this module only turns a source's problem into a task spec, its expected state into a check command.
+this module only turns a source's problem into a task spec, its expected state into a check (a command
+for the files and script runs, the harness's suite for a repository's hidden tests).
 
 Family tasks keep the whole history in context (nothing folded, nothing recalled), so the agent that is
 hosted sees exactly the token sequence it was trained on. The check runs in the same sandbox as the
-agent: an agent that tampers with it can fake its own reward; the protected files are verified first.
+agent, which controls the workdir: the checker runs isolated from the workdir's modules, the hidden tests
+run in the harness, out of the candidate's process, and the protected files are verified.
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tether.agents.task import DEFAULT_SYSTEM_PROMPT, CheckSpec, ContextSpec, Limits, RoleSpec, TaskSpec
+from tether.agents.task import (
+    DEFAULT_SYSTEM_PROMPT,
+    CheckSpec,
+    ContextSpec,
+    Limits,
+    RoleSpec,
+    SuiteCheck,
+    TaskSpec,
+)
 from tether.envs.long_horizon.env import TASKS as REPO_TASKS
 from tether.envs.long_horizon.env import RepoSource
-from tether.envs.long_horizon.repo import RAISES_VALUE_ERROR
 from tether.envs.shell import TASKS as SHELL_TASKS
 from tether.envs.shell import ShellSource
 from tether.errors import ConfigError
@@ -31,8 +40,11 @@ TOOLS = ("shell", "python", "read_file", "write_file", "finish")
 MAX_STEPS = 30
 
 # The checks' own program: reads its spec from base64 JSON, prints `checks: K/N`, exits 0 iff all pass.
+# It runs as `python3 -I` in the workdir the model controls: isolated mode keeps the working directory off
+# sys.path, so a planted `json.py` or `subprocess.py` never stands in for the checker's own imports; the
+# paths it checks are the workdir's, opened relative to it only as files.
 _CHECKER = """
-import base64, hashlib, json, os, subprocess, sys, types
+import base64, hashlib, json, os, subprocess, sys
 spec = json.loads(base64.b64decode(sys.argv[1]))
 results = {}
 def digest(path):
@@ -51,36 +63,6 @@ for index, (text, expected) in enumerate(spec.get('runs', [])):
     run = subprocess.run(['bash', spec['script'], '/dev/stdin'], input=text, capture_output=True,
                          text=True, timeout=20)
     results['hidden run %d' % index] = run.returncode == 0 and run.stdout == expected
-if spec.get('tests'):
-    sys.path.insert(0, os.getcwd())
-    def wrapped(function):
-        def call(*args):
-            try:
-                return function(*args)
-            except Exception as error:  # as the harness reports it: the exception's type, then its text
-                raise Exception('%s: %s' % (type(error).__name__, error)) from None
-        return call
-    scope = {}
-    try:
-        exec(spec['imports'], scope)
-        m = types.SimpleNamespace(**{
-            name: types.SimpleNamespace(**{
-                key: wrapped(value) for key, value in vars(module).items() if callable(value)
-            })
-            for name, module in scope.items() if not name.startswith('__')
-        })
-    except BaseException:
-        m = None
-        results['package imports'] = False
-    tests = {}
-    exec(spec['tests'], tests)
-    for name, test in sorted(tests.items()):
-        if name.startswith('test_') and callable(test):
-            try:
-                test(m)
-                results[name] = True
-            except BaseException:
-                results[name] = False
 failed = sorted(name for name, ok in results.items() if not ok)
 for name in failed[:10]:
     print('failed:', name)
@@ -89,13 +71,15 @@ sys.exit(1 if failed else 0)
 """
 
 
-def check_command(spec: dict[str, Any], timeout_s: float = 60.0) -> CheckSpec:
+def check_command(
+    spec: dict[str, Any], timeout_s: float = 60.0, suite: SuiteCheck | None = None
+) -> CheckSpec:
     """A check that runs the checker program on `spec` (files by sha256, absent paths, empty dirs,
-    script runs on hidden inputs, hidden `test_*(m)` functions)."""
+    script runs on hidden inputs) and, with `suite`, hidden `test_*(m)` functions through the harness."""
     program = base64.b64encode(_CHECKER.encode()).decode()
     argument = base64.b64encode(json.dumps(spec).encode()).decode()
-    command = f'python3 -c "$(echo {program} | base64 -d)" {argument}'
-    return CheckSpec(command=command, timeout_s=timeout_s)
+    command = f'python3 -I -c "$(echo {program} | base64 -d)" {argument}'
+    return CheckSpec(command=command, suite=suite, timeout_s=timeout_s)
 
 
 def _sha256(text: str) -> str:
@@ -142,14 +126,8 @@ def repo_task(name: str) -> Callable[[int, int], TaskSpec]:
         problem = RepoSource(name).problem(seed)
         data = problem.data
         protected = {path: _sha256(data["files"][path]) for path in data["protected"]}
-        check = check_command(
-            {
-                "files": protected,
-                "imports": data["imports"],
-                "tests": RAISES_VALUE_ERROR + "\n" + data["hidden_tests"],
-            },
-            timeout_s=120.0,
-        )
+        suite = SuiteCheck(imports=data["imports"], tests=data["hidden_tests"])
+        check = check_command({"files": protected}, timeout_s=120.0, suite=suite)
         goal = problem.prompt + " Call `finish` when you are done."
         return family_spec(goal, dict(data["files"]), check, max_steps)
 

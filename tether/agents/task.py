@@ -65,14 +65,32 @@ class LoopSpec(BaseModel):
     )
 
 
-class CheckSpec(BaseModel):
-    """The task's success check: `command` (bash) runs in the task's workdir once the task ends; it
-    passes on exit status 0. A last stdout line `checks: K/N` gives partial credit (K of N checks)."""
+class SuiteCheck(BaseModel):
+    """Hidden `test_*(m)` functions run through the code harness's suite mode: `imports` (e.g. `import
+    ledger`) runs only in a child process holding the workdir's modules, the tests in the trusted parent."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command: str = Field(min_length=1, description="Bash run in the workdir when the task ends.")
+    imports: str = Field(min_length=1, description="Python run on the candidate's side to load its modules.")
+    tests: str = Field(min_length=1, description="Trusted Python defining the `test_*(m)` functions.")
+
+
+class CheckSpec(BaseModel):
+    """The task's success check, run in the task's workdir once the task ends: `command` (bash) passes on
+    exit status 0, a last stdout line `checks: K/N` giving partial credit (K of N checks); `suite` runs
+    hidden tests against the workdir's modules, one check per test. With both, every check counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | None = Field(None, min_length=1, description="Bash run in the workdir when the task ends.")
+    suite: SuiteCheck | None = Field(None, description="Hidden tests run against the workdir's modules.")
     timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds the check may run.")
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> CheckSpec:
+        if self.command is None and self.suite is None:
+            raise ValueError("a check needs a `command`, a `suite` or both")
+        return self
 
 
 class TaskSpec(BaseModel):

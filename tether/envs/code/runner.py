@@ -19,8 +19,9 @@ from typing import Any
 from tether.envs.code.harness import decode
 from tether.envs.context import ScoringContext
 from tether.envs.sandboxed import capped_spec, framed_lines, new_nonce
-from tether.envs.scoring import EpisodeState
 from tether.sandbox.result import RunResult, RunStatus
+from tether.sandbox.spec import SandboxSpec
+from tether.tools.workspace import Workspace
 
 _MISSING = object()
 
@@ -159,9 +160,15 @@ async def run_check(
 
 
 async def run_suite(
-    state: EpisodeState, imports: str, test: str, *, call_timeout_s: float = 3.0
+    workspace: Workspace,
+    imports: str,
+    test: str,
+    *,
+    call_timeout_s: float = 3.0,
+    spec: SandboxSpec | None = None,
 ) -> dict[str, bool]:
-    """Run trusted `test_*(m)` functions against the modules the model wrote in the episode's session.
+    """Run trusted `test_*(m)` functions against the modules the model wrote in `workspace` (an episode's
+    session, an agent task's workdir), under `spec` (the session's own limits when None).
 
     `imports` runs on the candidate's side (e.g. `import inventory`); `m.inventory.parse(...)` in a test
     calls into it through the proxy. Returns each test's outcome; an unreadable run passes nothing.
@@ -177,7 +184,8 @@ async def run_suite(
         "call_timeout_s": call_timeout_s,
     }
     stdin = f"suite\n{json.dumps(job)}"
-    result = await state.run(LOADER, "python", stdin=stdin, files={HARNESS_FILE: harness_bytecode()})
+    files = {HARNESS_FILE: harness_bytecode()}
+    result = await workspace.run(LOADER, "python", stdin=stdin, files=files, spec=spec)
     frames = [line for line in framed_lines(result.stdout, nonce) if line.startswith("suite ")]
     if result.status is not RunStatus.OK or len(frames) != 1:
         return {}

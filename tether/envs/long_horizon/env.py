@@ -63,7 +63,7 @@ async def setup(state: EpisodeState) -> None:
 
 async def check_repository(state: EpisodeState) -> dict[str, bool]:
     data = state.task.data
-    results = await run_suite(state, data["imports"], data["hidden_tests"])
+    results = await run_suite(state.workspace(), data["imports"], data["hidden_tests"])
     return results or {"hidden test suite ran": False}
 
 
