@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import tarfile
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +133,28 @@ async def test_a_workdir_snapshot_holds_no_tool_program_files(pool: SandboxPool)
     with tarfile.open(fileobj=io.BytesIO(snapshot)) as archive:
         names = sorted(name.removeprefix("./") for name in archive.getnames() if name != ".")
     assert names == ["notes.txt", "out.txt"]
+
+
+async def test_a_session_close_cancelled_mid_release_leaves_no_worker_behind() -> None:
+    """A caller cancelled while its session is being released (an RL rollout stopped mid-batch) must
+    not strand the worker: closing the pool still stops it and removes its root."""
+
+    def skeletons() -> list[Path]:
+        prefix = f"tether-root-{os.getpid()}-"
+        return [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(prefix)]
+
+    before = skeletons()
+    pool = SandboxPool(SandboxSpec(timeout_s=5), PoolConfig(slots=1))
+    await pool.start()
+    session = await pool.open_session()
+    await session.run("echo hi > a.txt", language="bash")
+    worker = session._worker
+    assert worker is not None and worker.process is not None
+    closing = asyncio.create_task(session.close())
+    await asyncio.sleep(0)  # the release request is on its way
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await pool.close()
+    assert worker.process.returncode is not None  # the stranded worker was stopped
+    assert skeletons() == before

@@ -142,6 +142,9 @@ class SandboxPool:
         self.layout: CgroupLayout | None = None
         self._queue = FairQueue(self.config.slots)
         self._idle: list[Worker] = []
+        # Every worker started and not yet discarded, wherever it is (idle, in a run or a session, or held
+        # by a caller that was cancelled), so that closing the pool stops each one.
+        self._workers: set[Worker] = set()
         self._names = itertools.count()
         self._run_ids = itertools.count()
         self._token = uuid.uuid4().hex[:8]  # keeps run cgroup names apart between pools of one process
@@ -224,6 +227,7 @@ class SandboxPool:
             IdMap(self.config.host_uid_base, self.config.run_uid),
             self.config.python_executable,
         )
+        self._workers.add(worker)
         await worker.start(self.config.worker_start_timeout_s)
         return worker
 
@@ -234,7 +238,7 @@ class SandboxPool:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        workers, self._idle = self._idle, []
+        workers, self._idle, self._workers = {*self._idle, *self._workers}, [], set()
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
 
     def build_request(
@@ -439,6 +443,7 @@ class SandboxPool:
     async def _replace(self, worker: Worker) -> None:
         """Discard a worker and fill its slot with a fresh one before the slot is handed out again."""
         await worker.kill()
+        self._workers.discard(worker)
         self.workers_replaced += 1
         delay = 0.1
         while not self._closing:

@@ -118,7 +118,8 @@ class SandboxSession:
                 fingerprint = await worker.release(self.id)
             except (OSError, EOFError, RuntimeError):
                 fingerprint = None
-            self.pool.end_session(self, worker, healthy=fingerprint == worker.baseline_fingerprint)
+            finally:  # also when cancelled mid-release: the worker goes back, discarded unless it is clean
+                self.pool.end_session(self, worker, healthy=fingerprint == worker.baseline_fingerprint)
 
     def _discard(self) -> None:
         if self._worker is None:
