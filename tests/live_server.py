@@ -1,14 +1,20 @@
-"""An ASGI app behind a real uvicorn server, for tests that need a socket (HTTP clients, fake upstreams)."""
+"""Servers on real sockets for tests: an ASGI app behind uvicorn in a thread (HTTP clients, fake upstreams),
+or `tether serve` in its own process."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 
@@ -31,3 +37,38 @@ def live_server(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def served_process(model: str, *options: str, ready_s: float = 120.0) -> Iterator[str]:
+    """`tether serve --model MODEL OPTIONS` in its own process on a free port, once `/healthz` answers;
+    terminated on exit. A server that exits or never gets healthy fails the test with its stderr."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "tether"), "serve", "--model", model, "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy()
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "tether serve did not become healthy"
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

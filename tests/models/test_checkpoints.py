@@ -4,11 +4,7 @@ every path that names no usable checkpoint refused with what exists."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.models.test_serve_smollm2 import free_port
+from tests.live_server import free_port, served_process
 from tests.rl.fake_envs import fake_registry
 from tether.chat import ChatRequest
 from tether.cli.main import app
@@ -220,28 +216,9 @@ def test_agent_engine_client_answers_from_a_run_checkpoint(
 @pytest.fixture
 def served_run(runs: dict[str, TrainedRun]) -> Iterator[tuple[str, str]]:
     """`tether serve --model RUN/checkpoints/latest` in its own process: (base url, the served name)."""
-    port, model = free_port(), str(runs["full"].run_dir / "checkpoints" / "latest")
-    command = [str(Path(sys.executable).parent / "tether"), "serve", "--model", model]
-    command += ["--port", str(port), "--kv-cache-mib", "8", "--device", "cpu"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy()
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "tether serve did not become healthy"
-            time.sleep(0.3)
+    model = str(runs["full"].run_dir / "checkpoints" / "latest")
+    with served_process(model, "--kv-cache-mib", "8", "--device", "cpu") as url:
         yield url, model
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_serve_answers_a_chat_completion_from_a_run_checkpoint(served_run: tuple[str, str]) -> None:

@@ -4,12 +4,7 @@ chat requests through the official client all complete, because the scheduler pr
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,44 +12,19 @@ import httpx
 import openai
 import pytest
 
+from tests.live_server import served_process
+
 pytestmark = pytest.mark.slow
 
 REQUESTS = 100
 MAX_TOKENS = 8
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def server(smollm2_folder: Path) -> Iterator[str]:
-    port = free_port()
     # 8 MiB hold 11 blocks of 16 tokens (46 KiB of K/V per token): about four of these requests at once.
-    command = [str(Path(sys.executable).parent / "tether"), "serve", "--model", str(smollm2_folder)]
-    command += ["--port", str(port), "--kv-cache-mib", "8"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy()
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "tether serve did not become healthy"
-            time.sleep(0.5)
+    with served_process(str(smollm2_folder), "--kv-cache-mib", "8") as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 async def one_stream(client: openai.AsyncOpenAI, model: str, i: int) -> tuple[str, str | None, int]:
