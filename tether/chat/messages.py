@@ -19,7 +19,6 @@ from tether.errors import TetherError
 Message = dict[str, Any]
 Messages = list[Message]
 JsonDict = dict[str, Any]
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ChatError(TetherError):
