@@ -115,3 +115,34 @@ def test_home_in_a_file_is_refused_naming_the_variable(tmp_path: Path) -> None:
     config.write_text("home = '/somewhere'\n")
     with pytest.raises(ConfigError, match="TETHER_HOME environment variable only"):
         load_settings(config, environ={})
+
+
+def test_a_sandbox_fleet_is_set_by_list_or_by_discovery_name(tmp_path: Path) -> None:
+    assert load_settings(environ={}).sandbox.remote is False
+    fleet = '["http://10.0.0.5:8080", "https://sandbox-1:8443"]'
+    settings = load_settings(environ={"TETHER_SANDBOX__FLEET": fleet})
+    assert settings.sandbox.fleet == ["http://10.0.0.5:8080", "https://sandbox-1:8443"]
+    assert settings.sandbox.remote is True
+    config = tmp_path / "tether.toml"
+    config.write_text('[sandbox]\ndiscovery = "dns+http://tether-sandbox.default.svc:8080"\n')
+    assert load_settings(config, environ={}).sandbox.remote is True
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"TETHER_SANDBOX__FLEET": '["10.0.0.5:8080"]'}, "expected a sandbox server's base URL"),
+        ({"TETHER_SANDBOX__FLEET": '["http://a:1/v1/run"]'}, "expected a sandbox server's base URL"),
+        ({"TETHER_SANDBOX__FLEET": '["http://a:1", "http://a:1"]'}, "lists an instance twice"),
+        ({"TETHER_SANDBOX__DISCOVERY": "http://sandbox:8080"}, "expected dns+http://NAME:PORT"),
+        ({"TETHER_SANDBOX__DISCOVERY": "dns+http://sandbox"}, "expected dns+http://NAME:PORT"),
+        (
+            {"TETHER_SANDBOX__FLEET": '["http://a:1"]', "TETHER_SANDBOX__DISCOVERY": "dns+http://b:2"},
+            "either sandbox.fleet or sandbox.discovery",
+        ),
+    ],
+)
+def test_a_bad_fleet_setting_names_what_is_accepted(environ: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError, match="sandbox") as caught:
+        load_settings(environ=environ)
+    assert expected in str(caught.value)

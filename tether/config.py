@@ -20,8 +20,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tether.errors import ConfigError, did_you_mean
 from tether.sandbox.spec import SandboxSpec
@@ -64,6 +65,47 @@ class SandboxSettings(BaseModel):
     insecure: bool = Field(False, description="Start even if cgroups or seccomp are missing.")
     session_idle_timeout_s: float = Field(600.0, gt=0, description="Idle sessions are closed after this.")
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Default limits of every run.")
+    fleet: list[str] = Field(
+        default_factory=list,
+        description="`tether sandbox serve` instances (http(s) base URLs) to run on instead of a local pool.",
+    )
+    discovery: str | None = Field(
+        None,
+        description="A DNS name that lists the fleet, re-resolved while running: dns+http://NAME:PORT "
+        "(e.g. a Kubernetes headless Service). Instead of `fleet`.",
+    )
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+                raise ValueError(f"{url!r}: expected a sandbox server's base URL like http://10.0.0.5:8080")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"{urls!r}: lists an instance twice")
+        return urls
+
+    @field_validator("discovery")
+    @classmethod
+    def _discovery_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("dns+http", "dns+https") or not parts.hostname or parts.port is None:
+            raise ValueError(f"{url!r}: expected dns+http://NAME:PORT (a name whose A records are the fleet)")
+        return url
+
+    @model_validator(mode="after")
+    def _one_fleet_source(self) -> SandboxSettings:
+        if self.fleet and self.discovery:
+            raise ValueError("give either sandbox.fleet or sandbox.discovery, not both")
+        return self
+
+    @property
+    def remote(self) -> bool:
+        """Runs go to a fleet of sandbox servers rather than a pool in this process."""
+        return bool(self.fleet or self.discovery)
 
 
 class TetherSettings(BaseModel):
