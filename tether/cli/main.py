@@ -54,6 +54,14 @@ COMMANDS = {
     ),
     "agent": LazyCommand("tether.cli.agent:app", "Durable long-horizon agents: tasks, steps, resume."),
     "gateway": LazyCommand("tether.cli.gateway:app", "The API gateway: keys, usage, serving and benchmarks."),
+    "up": LazyCommand(
+        "tether.cli.up:app",
+        "Start a local cluster from a cluster.toml (sandbox servers, engines, gateway, agent workers).",
+    ),
+    "down": LazyCommand(
+        "tether.cli.up:down_command",
+        "Stop a local cluster started by `tether up`: every piece, last started first; removes its state.",
+    ),
 }
 
 
