@@ -249,3 +249,37 @@ def test_up_without_what_it_needs_says_so(tmp_path: Path, args: list[str], messa
     _, env = write_cluster(tmp_path, "")
     result = tether(env, *args)
     assert result.returncode == 2 and message in result.stderr.replace("\n", " "), result.stderr
+
+
+def test_down_stops_the_pieces_of_a_supervisor_that_died(tmp_path: Path) -> None:
+    from tether.local_cluster.state import ClusterState, PieceState, ProcessRef, write_state
+
+    _, env = write_cluster(tmp_path, "")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_ticks = start_ticks(dead.pid)
+    dead.wait()
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    ticks = start_ticks(orphan.pid)
+    assert dead_ticks is not None and ticks is not None
+    piece = PieceState(
+        name="sandbox-0",
+        kind="sandbox",
+        url="http://127.0.0.1:1",
+        port=1,
+        health_url="http://127.0.0.1:1/healthz",
+        process=ProcessRef(pid=orphan.pid, start_ticks=ticks),
+    )
+    supervisor = ProcessRef(pid=dead.pid, start_ticks=dead_ticks)
+    home = Path(env["TETHER_HOME"])
+    write_state(
+        home,
+        ClusterState(
+            name="o", supervisor=supervisor, config="c", state_dir="d", started_at=0, pieces=[piece]
+        ),
+    )
+    shown = tether(env, "up", "status")
+    assert shown.returncode == 1 and "is not running: nothing restarts the pieces" in shown.stderr
+    down = tether(env, "down", "--name", "o")
+    assert down.returncode == 0, down.stderr
+    assert orphan.wait(timeout=10) == -signal.SIGTERM
+    assert not (home / "clusters" / "o.json").exists()

@@ -116,6 +116,9 @@ def up(
         except RuntimeError as error:
             stop_cluster(home, plan.name)
             fail(str(error), code=1)
+        except KeyboardInterrupt:  # a cluster half up, with nobody waiting for it: take it down
+            stop_cluster(home, plan.name)
+            fail("interrupted while starting; stopped what had started", code=130)
         show(cluster, live_rows(cluster))
         err_console.print(f"supervisor pid {process.pid} runs in the background; stop with `tether down`")
         return
