@@ -178,13 +178,15 @@ backoff_s = 0.2
     assert twice.returncode != 0 and "nothing is up" in twice.stderr
 
 
-def test_foreground_cluster_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def test_foreground_cluster_passes_the_settings_on_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     base = free_ports(1)
     config, env = write_cluster(
         tmp_path, f'name = "fg"\n[sandbox]\ninstances = 1\nslots = 1\nbase_port = {base}\n'
     )
+    settings = tmp_path / "settings.toml"
+    settings.write_text("[sandbox]\nsession_idle_timeout_s = 60\n")
     up = subprocess.Popen(
-        [sys.executable, "-m", "tether", "up", "--config", str(config)],
+        [sys.executable, "-m", "tether", "--config", str(settings), "up", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -200,6 +202,9 @@ def test_foreground_cluster_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         )
         (piece,) = shown["pieces"]
         assert shown["supervisor_pid"] == up.pid and piece["healthy"]
+        # the pieces read the settings file `tether --config` gave
+        environ = Path(f"/proc/{piece['pid']}/environ").read_bytes().split(b"\0")
+        assert f"TETHER_CONFIG={settings}".encode() in environ
         everything = descendants([up.pid])
         up.send_signal(signal.SIGINT)
         _, stderr = up.communicate(timeout=60)

@@ -2,8 +2,10 @@
 (after a doubling backoff, at most `restart_limit` times), and stops everything in reverse start order,
 SIGTERM first and SIGKILL after `stop_timeout_s`. Every change is written to the state file.
 
-Each piece runs in its own session (its own process group), so a stop or a crash cleanup reaches the
-processes it started too. The supervisor prints nothing: `tether up` shows what the state file says.
+A piece alive but failing its health check is not restarted (a slow engine step is no crash): `tether
+up status` shows it unhealthy. Each piece runs in its own session (its own process group), so a stop or
+a crash cleanup reaches the processes it started too. The supervisor prints nothing: `tether up` shows
+what the state file says.
 Also runnable as `python -m tether.local_cluster.supervisor CLUSTER_TOML HOME` (`tether up --detach`).
 """
 
@@ -165,13 +167,14 @@ class Supervisor:
         self._save()
         for name in reversed(self.order):
             process = self.processes[name]
-            kill_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(self.plan.supervisor.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_group(process.pid, signal.SIGKILL)
-                process.wait()
-            kill_group(process.pid, signal.SIGKILL)  # what the piece started and left behind
+            if process.poll() is None:  # one waiting for its restart was cleaned up when it exited
+                kill_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(self.plan.supervisor.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    kill_group(process.pid, signal.SIGKILL)
+                    process.wait()
+                kill_group(process.pid, signal.SIGKILL)  # what the piece started and left behind
             self._set(name, PieceStatus.STOPPED)
 
     def run(self, on_up: Callable[[ClusterState], None] = lambda _: None) -> None:
