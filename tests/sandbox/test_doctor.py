@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from tether.cli.main import app
 from tether.sandbox import doctor
 from tether.sandbox.doctor import Environment, Finding, Platform, Primitive, Probe, diagnose
 from tether.sandbox.probes import probe_all
@@ -245,3 +247,15 @@ def test_in_a_pod_sized_id_range_the_default_host_ids_are_found_unmapped_and_600
     found = json.loads(completed.stdout)
     assert found["1000000"] == [False, "unmapped", "host ids 1000000, 1001000"], completed.stderr
     assert found["60000"][:2] == [True, ""]
+
+
+def test_the_command_prints_each_fix_and_refuses_settings_it_cannot_probe_with() -> None:
+    runner = CliRunner()
+    report = runner.invoke(app, ["sandbox", "doctor", "--json"])
+    assert report.exit_code == 0, report.output
+    payload = json.loads(report.stdout)
+    assert payload["environment"]["platform"] in {p.value for p in Platform}
+    assert all(check["ok"] and check["fix"] == "" for check in payload["checks"])
+    refused = runner.invoke(app, ["sandbox", "doctor"], env={"TETHER_SANDBOX__HOST_UID_BASE": "5"})
+    assert refused.exit_code != 0
+    assert "host_uid_base" in refused.output
