@@ -222,7 +222,8 @@ read, write = os.pipe()
 pid = os.fork()
 if pid == 0:
     linux.unshare(Clone.NEWUSER | Clone.NEWNS)
-    os.read(read, 1)
+    if not os.read(read, 1):  # the parent died before writing the maps
+        os._exit(1)
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     from tether.sandbox.probes import probe_id_map
@@ -231,11 +232,14 @@ if pid == 0:
     print(json.dumps({base: [p.ok, p.stage, p.detail] for base, p in found.items()}), flush=True)
     os._exit(0)
 time.sleep(0.2)
-for name in ("uid_map", "gid_map"):
-    with open(f"/proc/{pid}/{name}", "w") as handle:
-        handle.write("0 0 65536\\n")
-os.write(write, b"x")
-os.waitpid(pid, 0)
+try:
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as handle:
+            handle.write("0 0 65536\\n")
+    os.write(write, b"x")
+finally:
+    os.close(write)
+    os.waitpid(pid, 0)
 """
 
 
@@ -259,3 +263,55 @@ def test_the_command_prints_each_fix_and_refuses_settings_it_cannot_probe_with()
     refused = runner.invoke(app, ["sandbox", "doctor"], env={"TETHER_SANDBOX__HOST_UID_BASE": "5"})
     assert refused.exit_code != 0
     assert "host_uid_base" in refused.output
+
+
+# What a non-privileged container gets on top of the pod's id range: read-only cgroup mounts and a
+# /proc with a file masked (as runtimes mask /proc/keys, /proc/kcore, ...), in a mount namespace of its own.
+_IN_NON_PRIVILEGED_POD = """
+import json, os, time
+from tether.sandbox import linux
+from tether.sandbox.linux import Clone, Mount
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    linux.unshare(Clone.NEWUSER | Clone.NEWNS)
+    if not os.read(read, 1):  # the parent died before writing the maps
+        os._exit(1)
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    linux.mount("none", "/", None, Mount.REC | Mount.PRIVATE)
+    for point in [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]:
+        linux.mount(point, point, None, Mount.BIND)
+        flags = linux.locked_mount_flags(point) | Mount.RDONLY
+        linux.mount("none", point, None, Mount.REMOUNT | Mount.BIND | flags)
+    linux.mount("/dev/null", "/proc/keys", None, Mount.BIND)
+    os.environ["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
+    from tether.sandbox.doctor import diagnose
+    from tether.sandbox.probes import current_environment, probe_all
+    from tether.sandbox.worker import IdMap
+    findings = diagnose(current_environment(), probe_all(IdMap(60000, 1000)), insecure=True)
+    print(json.dumps({f.name: [f.fix, f.required] for f in findings if not f.ok}), flush=True)
+    os._exit(0)
+time.sleep(0.2)
+try:
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as handle:
+            handle.write("0 0 65536\\n")
+    os.write(write, b"x")
+finally:
+    os.close(write)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_in_an_emulated_non_privileged_pod_the_real_probes_name_procmount_and_the_read_only_cgroups() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", _IN_NON_PRIVILEGED_POD], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert completed.stdout, completed.stderr
+    missing = json.loads(completed.stdout)
+    assert set(missing) == {Primitive.PROC.value, Primitive.CGROUPS.value}
+    proc_fix, proc_required = missing[Primitive.PROC.value]
+    assert "procMount: Unmasked" in proc_fix and proc_required
+    cgroup_fix, cgroup_required = missing[Primitive.CGROUPS.value]
+    assert "read-only" in cgroup_fix and not cgroup_required  # insecure: the pod runs without them
