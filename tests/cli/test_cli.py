@@ -123,7 +123,7 @@ def test_bench_reports_pool_and_fresh_figures(tmp_path: Path) -> None:
 def test_doctor_reports_every_primitive_available_here() -> None:
     result = runner.invoke(app, ["sandbox", "doctor", "--json"])
     assert result.exit_code == 0, result.output
-    checks = {check["name"]: check["ok"] for check in json.loads(result.stdout)}
+    checks = {check["name"]: check["ok"] for check in json.loads(result.stdout)["checks"]}
     assert checks["user namespace"] and checks["seccomp filter"] and checks["cgroups (memory, pids, cpu)"]
 
 

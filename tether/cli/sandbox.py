@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,6 @@ from rich.table import Table
 
 from tether.cli.common import counted_progress, err_console, fail, pool_config, print_json, state, user_errors
 from tether.sandbox.bench import run_benchmark
-from tether.sandbox.doctor import run_checks
 from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
@@ -95,23 +95,49 @@ def serve_command(
 
 
 @app.command("doctor")
-def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Probe the kernel for every isolation primitive the sandbox needs."""
-    checks = run_checks()
+def doctor_command(
+    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
+) -> None:
+    """Probe every isolation primitive the sandbox needs; say what is missing here and what fixes it."""
+    from tether.sandbox.doctor import diagnose
+    from tether.sandbox.probes import current_environment, probe_all
+    from tether.sandbox.worker import IdMap
+
+    with user_errors():
+        config = pool_config(state(ctx).settings())
+    environment = current_environment()
+    findings = diagnose(
+        environment, probe_all(IdMap(config.host_uid_base, config.run_uid)), insecure=config.insecure
+    )
     if as_json:
-        print_json([{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
+        print_json(
+            {
+                "environment": {
+                    "platform": environment.platform.value,
+                    "gvisor": environment.gvisor,
+                    "own_user_namespace": environment.own_user_namespace,
+                },
+                "checks": [dataclasses.asdict(finding) for finding in findings],
+            }
+        )
     else:
-        table = Table(title="sandbox doctor")
+        table = Table(title=f"sandbox doctor: {environment.describe()}")
         for column in ("primitive", "status", "detail"):
             table.add_column(column)
-        for check in checks:
-            table.add_row(check.name, "[green]ok[/]" if check.ok else "[red]missing[/]", check.detail)
+        for finding in findings:
+            status = (
+                "[green]ok[/]" if finding.ok else "[red]missing[/]" if finding.required else "[yellow]off[/]"
+            )
+            table.add_row(finding.name, status, finding.detail)
         console.print(table)
-    missing = [c.name for c in checks if not c.ok and c.required]
+        for finding in findings:
+            if not finding.ok:
+                console.print(f"[bold]{finding.name}[/]: {finding.fix}", highlight=False)
+    missing = [f.name for f in findings if not f.ok and f.required]
     if missing:
         err_console.print(
-            f"missing: {', '.join(missing)}; the sandbox refuses to start without them "
-            "unless --insecure is given (and then runs without that protection)"
+            f"missing: {', '.join(missing)}; the sandbox refuses to start without them (without cgroups "
+            "or seccomp only under sandbox.insecure / --insecure, which runs without that protection)"
         )
         raise typer.Exit(1)
 

@@ -104,6 +104,14 @@ def prctl(option: int, arg2: int = 0) -> None:
     )
 
 
+def read_kernel_log(size: int = 1 << 16) -> str:
+    """The kernel's message buffer (what dmesg prints), or "" where this process may not read it."""
+    syslog_action_read_all = 3
+    buffer = ctypes.create_string_buffer(size)
+    count = _libc.klogctl(ctypes.c_int(syslog_action_read_all), buffer, ctypes.c_int(size))
+    return buffer.raw[: max(count, 0)].decode(errors="replace")
+
+
 def set_process_name(name: str) -> None:
     """Name the calling thread (what `ps` and `top` show), at most 15 bytes."""
     pr_set_name = 15
