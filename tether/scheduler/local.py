@@ -31,7 +31,7 @@ from tether.scheduler.processes import alive, free_ports, kill_group, signal_gro
 from tether.scheduler.state import Decision, Preempt, SchedulingState, Start
 from tether.scheduler.store import JobRecord, JobRequest, JobStore
 from tether.scheduler.straggler import StragglerConfig, mitigate
-from tether.scheduler.workload import WORKLOADS, check_workload
+from tether.scheduler.workload import WORKLOADS, check_workload, has_checkpoint
 
 DEFAULT_POLICY = "fifo-backfill"
 # How long a cancelled job may take to exit on SIGTERM before SIGKILL (a preemption uses the job's own
@@ -89,7 +89,7 @@ def _block_sigterm() -> None:
 def _resumes(request: JobRequest) -> bool:
     """A resumable job whose run directory holds a checkpoint continues from it."""
     workload = WORKLOADS[request.workload]
-    return workload.resumable and Path(request.cwd, request.run_dir, "checkpoints", "latest").is_file()
+    return workload.resumable and has_checkpoint(str(Path(request.cwd, request.run_dir)))
 
 
 def replica_commands(record: JobRecord) -> list[tuple[str, ...]]:

@@ -4,7 +4,7 @@ A job's command is recognized as one of tether's own workloads (`tether train`, 
 `tether serve`, a fleet of `tether sandbox serve`) by its subcommand, through the `WORKLOADS` registry;
 anything else is a plain command. A kind says which `JobKind` it is, whether a failure restarts it (a
 service), whether it checkpoints (a preempted train job resumes with `--resume RUN_DIR`), and how each
-replica's argv is built. It is pure: it reads no files and starts nothing.
+replica's argv is built. It starts nothing; `has_checkpoint` is its one read of the disk.
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ WORKLOADS: dict[WorkloadKind, Workload] = {
 }
 
 _BY_SUBCOMMAND = {w.subcommand: w.kind for w in WORKLOADS.values() if w.subcommand}
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether a train run directory holds a checkpoint to resume from (`checkpoints/latest`)."""
+    return bool(run_dir) and (Path(run_dir) / "checkpoints" / "latest").is_file()
 
 
 def tether_args_start(command: Sequence[str]) -> int:
