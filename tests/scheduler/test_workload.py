@@ -50,9 +50,14 @@ def test_each_sandbox_of_a_fleet_gets_its_own_port() -> None:
 @pytest.mark.parametrize(
     ("kind", "command", "replicas", "message"),
     [
-        (WorkloadKind.TRAIN, ["tether", "train", "--config", "x.toml"], 2, "runs one process; replicas = 2"),
+        (
+            WorkloadKind.TRAIN,
+            ["tether", "train", "--config", "x.toml"],
+            2,
+            "the train workload runs one process; replicas = 2",
+        ),
         (WorkloadKind.TRAIN, ["tether", "train"], 1, "needs `--config FILE` or `--resume RUN_DIR`"),
-        (WorkloadKind.SERVE, ["tether", "eval", "x"], 1, "a serve job runs `tether serve ...`"),
+        (WorkloadKind.SERVE, ["tether", "eval", "x"], 1, "the serve workload runs `tether serve ...`"),
         (WorkloadKind.SANDBOX_FLEET, ["tether", "sandbox", "serve", "--port", "80"], 2, "drop --port"),
     ],
 )

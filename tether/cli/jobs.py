@@ -179,7 +179,6 @@ def submit_command(
 
 
 @app.command("list")
-@app.command("ls", hidden=True)
 def list_command(
     ctx: typer.Context,
     state: Annotated[JobState | None, typer.Option("--state", help="Only jobs in this state.")] = None,
@@ -198,9 +197,9 @@ def list_command(
         print_json({"policy": backend.policy.name, "jobs": [r.summary() for r in records]})
         return
     table = Table(title=f"jobs ({backend.policy.name})")
-    numeric = ("id", "cpus", "acc", "prio", "preempted", "resumed")
-    columns = ("id", "name", "workload", "state", "cpus", "acc", "devices", "prio")
-    for column in (*columns, "preempted", "resumed", "started", "exit"):
+    numeric = ("id", "acc", "prio", "preempted", "resumed")
+    columns = ("id", "name", "workload", "state", "acc", "devices", "prio", "preempted", "resumed", "exit")
+    for column in columns:
         table.add_column(column, justify="right" if column in numeric else "left")
     for r in records:
         request = r.request
@@ -209,13 +208,11 @@ def list_command(
             request.name,
             request.workload.value + (f" x{request.replicas}" if request.replicas > 1 else ""),
             r.state.value,
-            f"{request.cpus:g}",
             str(request.accelerators),
             ",".join(str(d) for d in r.devices),
             str(request.priority),
             str(r.preemptions),
             str(r.resumes),
-            _when(r.started_at),
             "" if r.exit_code is None else str(r.exit_code),
         )
     console.print(table)

@@ -137,7 +137,7 @@ class LocalBackend:
         supervisors. `accelerators` overrides how many accelerators this machine offers (detected
         otherwise), and is remembered too.
         """
-        store = JobStore(path)
+        store = JobStore(path.resolve())  # supervisors start in the job's directory, not ours
         stored = store.meta("capacity")
         if capacity is None:
             capacity = MachineCapacity(**json.loads(stored)) if stored else MachineCapacity.detect()
@@ -323,7 +323,7 @@ class LocalBackend:
                     f"command {program!r} is not an executable file (looked in PATH and {request.cwd})"
                 )
         if workload.resumable and not request.run_dir:
-            raise ConfigError(f"a {workload.kind.value} job needs its run directory to resume from")
+            raise ConfigError(f"the {workload.kind.value} workload needs its run directory to resume from")
         if request.replicas < 1:
             raise ConfigError(f"replicas = {request.replicas}: must be at least 1")
         if request.expected_duration_s <= 0:

@@ -175,7 +175,7 @@ class RayBackend:
         workload = WORKLOADS[command.workload]
         if workload.port_per_replica:
             raise ValueError(
-                f"job {job_id}: a {workload.kind.value} job needs ports, which Ray does not hand out"
+                f"job {job_id}: the {workload.kind.value} workload needs ports, which Ray does not hand out"
             )
         argv = workload.replica_commands(
             command.command,

@@ -129,15 +129,18 @@ def check_workload(workload: Workload, command: Sequence[str], replicas: int) ->
     """Refuse a command its workload cannot run, naming the value and what would be accepted."""
     if replicas > 1 and not workload.gang:
         raise ConfigError(
-            f"a {workload.kind.value} job runs one process; replicas = {replicas} is only for "
-            f"{', '.join(w.kind.value for w in WORKLOADS.values() if w.gang)} jobs"
+            f"the {workload.kind.value} workload runs one process; replicas = {replicas} is only for "
+            f"{', '.join(w.kind.value for w in WORKLOADS.values() if w.gang)} workloads"
         )
     if workload.subcommand and recognize(command) is not workload.kind:
         wanted = " ".join(("tether", *workload.subcommand))
-        raise ConfigError(f"a {workload.kind.value} job runs `{wanted} ...`; got {' '.join(command)!r}")
+        raise ConfigError(
+            f"the {workload.kind.value} workload runs `{wanted} ...`; got {' '.join(command)!r}"
+        )
     if workload.port_per_replica and option_value(command, "--port") is not None:
         raise ConfigError(
-            f"a {workload.kind.value} job gives each replica its own --port; drop --port from the command"
+            f"the {workload.kind.value} workload gives each replica its own --port; "
+            "drop --port from the command"
         )
     if (
         workload.resumable
@@ -145,6 +148,6 @@ def check_workload(workload: Workload, command: Sequence[str], replicas: int) ->
         and option_value(command, "--resume") is None
     ):
         raise ConfigError(
-            f"a {workload.kind.value} job needs `--config FILE` or `--resume RUN_DIR` in its command "
+            f"the {workload.kind.value} workload needs `--config FILE` or `--resume RUN_DIR` in its command "
             f"(got {' '.join(command)!r}); a preempted one resumes from its run directory"
         )
