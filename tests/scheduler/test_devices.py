@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tether.scheduler.devices import assign_devices, parse_topology_matrix, visible_devices
+from tether.scheduler.devices import assign_devices, detect_islands, parse_topology_matrix, visible_devices
 from tether.scheduler.local import MachineCapacity
 
 DATA = Path(__file__).parent / "data"
@@ -57,3 +58,19 @@ def test_a_cpu_machine_is_one_island_and_islands_must_cover_its_devices() -> Non
     assert MachineCapacity(cpus=2, memory_mib=1024).with_accelerators(2).islands == ((0, 1),)
     with pytest.raises(ValueError, match=r"must hold each accelerator index 0\.\.1 once"):
         MachineCapacity(cpus=2, memory_mib=1024, accelerators=2, islands=((0,), (0,)))
+
+
+def test_islands_come_from_nvidia_smi_where_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'topo -m' ] && cat {DATA / 'topo_nvlink_pairs.txt'}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert detect_islands(4) == ((0, 1), (2, 3))
+    assert detect_islands(2) == ((0, 1),)  # the matrix disagrees with the device count: one island
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    assert detect_islands(4) == ((0, 1, 2, 3),)  # nvidia-smi fails: one island
+
+
+def test_a_machine_without_nvidia_smi_is_one_island(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect_islands(3) == ((0, 1, 2),) and detect_islands(0) == ()

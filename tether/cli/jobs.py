@@ -194,9 +194,16 @@ def list_command(
         where = f"no jobs{f' {state.value}' if state else ''} in {backend.store.path}"
         err_console.print(where, highlight=False, soft_wrap=True)
     if as_json:
-        print_json({"policy": backend.policy.name, "jobs": [r.summary() for r in records]})
+        machine = {"accelerators": backend.capacity.accelerators, "islands": backend.capacity.islands}
+        print_json(
+            {"policy": backend.policy.name, "machine": machine, "jobs": [r.summary() for r in records]}
+        )
         return
-    table = Table(title=f"jobs ({backend.policy.name})")
+    islands = len(backend.capacity.islands)
+    table = Table(
+        title=f"jobs ({backend.policy.name}; {backend.capacity.accelerators} accelerators"
+        + (f" in {islands} NVLink islands)" if islands > 1 else ")")
+    )
     numeric = ("id", "acc", "prio", "preempted", "resumed")
     columns = ("id", "name", "workload", "state", "acc", "devices", "prio", "preempted", "resumed", "exit")
     for column in columns:

@@ -127,6 +127,7 @@ class Supervisor:
     ) -> subprocess.Popen[bytes]:
         metrics = replica_metrics_file(record, replica)
         metrics.parent.mkdir(parents=True, exist_ok=True)
+        metrics.unlink(missing_ok=True)  # step times of an earlier attempt say nothing about this one
         env = {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": visible_devices(devices),
