@@ -155,3 +155,20 @@ def test_cancelling_unknown_or_finished_jobs_is_an_error(backend: LocalBackend) 
     _wait(backend, record.id, lambda r: r.state is JobState.DONE)
     with pytest.raises(ConfigError, match="already done"):
         backend.cancel(record.id)
+
+
+def test_a_preempted_job_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
+    backend = LocalBackend.open(tmp_path / "jobs.sqlite", capacity=CAPACITY, policy="priority")
+    marker = tmp_path / "stubborn.pid"
+    script = f"trap '' TERM; sleep 30 & echo $! > {marker}; wait"
+    victim = backend.submit(_request("sh", "-c", script, cpus=2, preemptible=True, stop_grace_s=1.0))
+    _wait(backend, victim.id, lambda r: marker.exists() and marker.read_text().strip() != "")
+    started = time.monotonic()
+    urgent = backend.submit(_request("sleep", "30", cpus=2, priority=5))
+    assert backend.get(victim.id).state is JobState.PREEMPTING  # still holding the machine
+    _wait(backend, urgent.id, lambda r: r.state is JobState.RUNNING)
+    assert time.monotonic() - started >= 1.0  # it was given its grace before SIGKILL
+    assert not alive(int(marker.read_text()))
+    assert backend.get(victim.id).state is JobState.QUEUED
+    backend.cancel(urgent.id)
+    backend.cancel(victim.id)

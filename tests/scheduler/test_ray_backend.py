@@ -166,12 +166,17 @@ def test_jobs_run_one_replica_per_bundle_and_a_preempted_train_job_resumes(tmp_p
     backend.schedule(1.0)
     assert launcher.stopped == [("tether-low", 0, 60.0)]  # the train job's grace: time to checkpoint
     launcher.exit_codes[("tether-urgent", 0)] = 0
+    assert backend.devices("low") == [] and backend.devices("urgent") == ["0"]
     assert backend.poll(2.0) == {"urgent": 0}
     backend.schedule(3.0)
     assert launcher.started[-1] == ("tether-low", 0, (*TETHER, "train", "--resume", str(run_dir)))
     launcher.exit_codes[("tether-gang", 0)] = 3
     assert backend.poll(4.0) == {"gang": 3}
     assert backend.state.running.keys() == {"low"}
+    backend.cancel("low", 5.0)
+    assert launcher.stopped[-1] == ("tether-low", 0, 60.0) and not backend.state.running
+    with pytest.raises(ValueError, match="no queued or running job 'low'"):
+        backend.cancel("low", 6.0)
 
 
 @pytest.mark.slow
@@ -191,6 +196,7 @@ def test_a_real_local_ray_runs_each_job_on_its_own_gpu_and_preemption_stops_it(t
         while not all((tmp_path / n).exists() for n in "ab") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert sorted((tmp_path / n).read_text().strip() for n in "ab") == ["0", "1"]
+        assert sorted(backend.devices("a") + backend.devices("b")) == ["0", "1"]
         urgent = f"echo $CUDA_VISIBLE_DEVICES > {tmp_path / 'urgent'}"
         backend.submit(JobSpec("urgent", demand, priority=5), RayCommand(("sh", "-c", urgent)))
         assert [type(d) for d in backend.schedule(1.0)] == [Preempt, Start]

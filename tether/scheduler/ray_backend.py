@@ -163,6 +163,19 @@ class RayBackend:
         """`CUDA_VISIBLE_DEVICES` of each running replica of the job."""
         return [self.launcher.devices(handle) for handle in self.replicas.get(job_id, [])]
 
+    def cancel(self, job_id: str, now: float) -> None:
+        """Stop a running job's replicas and free its group, or take a queued job off the queue."""
+        if job_id in self.state.running:
+            self._stop(job_id)
+            self.state.finish(job_id, now, JobState.CANCELLED)
+            self._util.remove_placement_group(self.groups.pop(job_id))
+            return
+        queue = self.state.queue
+        queued = next((job for job in queue.in_submit_order(len(queue)) if job.job_id == job_id), None)
+        if queued is None:
+            raise ValueError(f"no queued or running job {job_id!r} on this Ray back end")
+        self.state.cancel_queued(queued, now)
+
     def finish(self, job_id: str, now: float) -> None:
         self._stop(job_id)
         self.state.finish(job_id, now)
