@@ -20,7 +20,7 @@ from tether.scheduler.store import JobRecord
 
 runner = CliRunner()
 VOLATILE = ("time/", "tokens_per_s")  # wall-clock figures differ between any two runs
-STEPS = 30
+STEPS = 60  # enough training (about 6 s) that both low jobs are mid-run when the urgent one comes
 
 
 def _config(path: Path, model: Path, out_dir: Path, name: str, steps: int = STEPS) -> Path:
