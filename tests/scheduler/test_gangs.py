@@ -41,7 +41,8 @@ def test_a_gang_with_a_straggling_replica_is_requeued(tmp_path: Path) -> None:
     )
     gang = backend.submit(_request("sh", "-c", script, cpus=1, replicas=3, preemptible=True))
     requeued = _wait(backend, gang.id, lambda r: r.preemptions == 1, timeout_s=20)
-    assert "straggler on node 0: rescheduled (slow replicas 2, 3.0x)" in requeued.reason
+    log = Path(requeued.log_path).read_text()
+    assert "requeued: straggler on node 0: rescheduled (slow replicas 2, 3.0x)" in log
     assert replica_metrics_file(requeued, 2).is_file()
     restarted = _wait(backend, gang.id, lambda r: r.state is JobState.RUNNING and r.attempts == 2)
     backend.cancel(restarted.id)

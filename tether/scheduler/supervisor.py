@@ -80,6 +80,8 @@ class Supervisor:
                 return False
             if current.state is JobState.PREEMPTING:
                 store.mark_queued(self.job_id, current.reason)
+                with open(current.log_path, "ab") as log:  # the record's reason goes when it restarts
+                    log.write(f"tether: job {self.job_id} requeued: {current.reason}\n".encode())
                 return False
             workload = WORKLOADS[current.request.workload]
             if (
