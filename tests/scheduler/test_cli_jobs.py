@@ -69,3 +69,88 @@ def test_an_unusable_store_path_is_a_clear_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["jobs", "ls", "--db", str(blocker / "jobs.sqlite")])
     assert result.exit_code == 2
     assert "cannot be opened" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--", "tether", "train"], "needs `--config FILE` or `--resume RUN_DIR`"),
+        (["--", "tether", "train", "--config", "/nonexistent/x.toml"], "does not exist"),
+        (
+            ["--replicas", "2", "--", "tether", "eval", "x"],
+            "the eval workload runs one process; replicas = 2",
+        ),
+        (["--workload", "serve", "--", "tether", "eval", "x"], "the serve workload runs `tether serve ...`"),
+        (
+            [
+                "--workload",
+                "sandbox-fleet",
+                "--replicas",
+                "2",
+                "--",
+                "tether",
+                "sandbox",
+                "serve",
+                "--port",
+                "1",
+            ],
+            "drop --port",
+        ),
+        (["--workload", "nope", "--", "true"], "'nope' is not one of"),
+        (["--replicas", "0", "--", "true"], "replicas = 0: must be at least 1"),
+        (["--stop-grace-s", "0", "--", "true"], "stop grace 0.0 s must be positive"),
+        (["--max-restarts", "-1", "--", "true"], "max restarts -1 must be 0 or more"),
+        (["--accelerators", "3", "--", "true"], "asks for 3 accelerators but this machine has 2"),
+        (
+            ["--accelerators", "1", "--replicas", "3", "--cpus", "0.1", "--", "true"],
+            "asks for 3 accelerators but this machine has 2",
+        ),
+    ],
+)
+def test_bad_workloads_exit_2_with_a_message(tmp_path: Path, args: list[str], expected: str) -> None:
+    db = str(tmp_path / "jobs.sqlite")
+    result = runner.invoke(app, ["jobs", "--machine-accelerators", "2", "submit", "--db", db, *args])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+
+
+def test_a_negative_machine_accelerator_count_is_refused(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["jobs", "--machine-accelerators", "-1", "ls", "--db", str(tmp_path / "j.sqlite")]
+    )
+    assert result.exit_code == 2 and "--machine-accelerators" in result.output
+
+
+def test_a_sandbox_fleet_serves_each_instance_on_its_own_port(tmp_path: Path) -> None:
+    import httpx
+
+    db = tmp_path / "jobs.sqlite"
+    fleet = _jobs(db, "submit", "--workload", "sandbox-fleet", "--replicas", "2", "--cpus", "0.5")
+    assert fleet["command"] == ["tether", "sandbox", "serve"] and fleet["kind"] == "sandbox"
+    ports = fleet["ports"]
+    assert isinstance(ports, list) and len(set(ports)) == 2
+    deadline, healthy = time.monotonic() + 60, set()
+    while healthy != set(ports) and time.monotonic() < deadline:
+        for port in set(ports) - healthy:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    healthy.add(port)
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
+    assert healthy == set(ports)
+    assert _jobs(db, "cancel", str(fleet["id"]))["state"] == "cancelled"
+
+
+def test_a_failing_service_is_restarted_up_to_its_limit(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.sqlite"
+    service = _jobs(db, "submit", "--max-restarts", "1", "--", "tether", "serve", str(tmp_path / "no-model"))
+    assert service["workload"] == "serve" and service["kind"] == "serve"
+    deadline = time.monotonic() + 60
+    while (shown := _jobs(db, "show", str(service["id"])))[
+        "state"
+    ] == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (shown["state"], shown["restarts"], shown["attempts"]) == ("failed", 1, 1)
+    log = Path(str(shown["log_path"])).read_text()
+    assert log.count("tether: job 1 attempt 1 replica 0") == 2  # the first run and its restart

@@ -11,7 +11,8 @@ import pytest
 
 from tether.errors import ConfigError
 from tether.scheduler.job import JobState
-from tether.scheduler.local import LocalBackend, MachineCapacity, _alive
+from tether.scheduler.local import LocalBackend, MachineCapacity
+from tether.scheduler.processes import alive, wait_group
 from tether.scheduler.store import JobRecord, JobRequest
 
 CAPACITY = MachineCapacity(cpus=2, memory_mib=1024)
@@ -54,7 +55,7 @@ def test_a_job_waits_while_the_machine_is_full_and_starts_when_room_frees(backen
     assert waiting.state is JobState.QUEUED
     cancelled = backend.cancel(hog.id)
     assert cancelled.state is JobState.CANCELLED
-    assert not _alive(hog.pid)
+    assert not alive(hog.pid)
     assert _wait(backend, waiting.id, lambda r: r.state is JobState.DONE).attempts == 1
 
 
@@ -82,9 +83,9 @@ def test_cancel_kills_the_whole_process_group(backend: LocalBackend, tmp_path: P
     grandchild = int(marker.read_text())
     backend.cancel(record.id)
     deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(grandchild)
+    assert not alive(grandchild)
 
 
 def test_cancel_kills_a_job_that_ignores_sigterm(backend: LocalBackend, tmp_path: Path) -> None:
@@ -93,17 +94,19 @@ def test_cancel_kills_a_job_that_ignores_sigterm(backend: LocalBackend, tmp_path
     _wait(backend, record.id, lambda r: marker.exists() and marker.read_text().strip() != "")
     stubborn = int(marker.read_text())
     backend.cancel(record.id)
-    assert not _alive(stubborn)
+    assert not alive(stubborn)
 
 
 def test_a_higher_priority_job_preempts_and_the_victim_requeues(tmp_path: Path) -> None:
     backend = LocalBackend.open(tmp_path / "jobs.sqlite", capacity=CAPACITY, policy="priority")
     victim = backend.submit(_request("sleep", "30", cpus=2, preemptible=True))
     urgent = backend.submit(_request("sleep", "30", cpus=2, priority=5))
-    assert backend.get(urgent.id).state is JobState.RUNNING
+    # The victim stops (SIGTERM) and requeues; its supervisor's pass then starts the urgent job.
+    _wait(backend, urgent.id, lambda r: r.state is JobState.RUNNING)
     requeued = backend.get(victim.id)
     assert requeued.state is JobState.QUEUED and "preempted by" in requeued.reason
-    assert victim.pid is not None and not _alive(victim.pid)
+    assert requeued.preemptions == 1
+    assert victim.pid is not None and wait_group(victim.pid, 5)
     backend.cancel(urgent.id)
     restarted = _wait(backend, victim.id, lambda r: r.state is JobState.RUNNING)
     assert restarted.attempts == 2
@@ -114,7 +117,7 @@ def test_a_job_whose_supervisor_vanished_is_marked_failed(backend: LocalBackend)
     record = backend.submit(_request("sleep", "30"))
     assert record.pid is not None
     os.killpg(record.pid, 9)
-    _wait(backend, record.id, lambda r: not _alive(record.pid or 0), timeout_s=5)
+    _wait(backend, record.id, lambda r: not alive(record.pid or 0), timeout_s=5)
     backend.schedule()
     assert backend.get(record.id).reason == "its supervisor vanished"
 
@@ -152,3 +155,20 @@ def test_cancelling_unknown_or_finished_jobs_is_an_error(backend: LocalBackend) 
     _wait(backend, record.id, lambda r: r.state is JobState.DONE)
     with pytest.raises(ConfigError, match="already done"):
         backend.cancel(record.id)
+
+
+def test_a_preempted_job_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
+    backend = LocalBackend.open(tmp_path / "jobs.sqlite", capacity=CAPACITY, policy="priority")
+    marker = tmp_path / "stubborn.pid"
+    script = f"trap '' TERM; sleep 30 & echo $! > {marker}; wait"
+    victim = backend.submit(_request("sh", "-c", script, cpus=2, preemptible=True, stop_grace_s=1.0))
+    _wait(backend, victim.id, lambda r: marker.exists() and marker.read_text().strip() != "")
+    started = time.monotonic()
+    urgent = backend.submit(_request("sleep", "30", cpus=2, priority=5))
+    assert backend.get(victim.id).state is JobState.PREEMPTING  # still holding the machine
+    _wait(backend, urgent.id, lambda r: r.state is JobState.RUNNING)
+    assert time.monotonic() - started >= 1.0  # it was given its grace before SIGKILL
+    assert not alive(int(marker.read_text()))
+    assert backend.get(victim.id).state is JobState.QUEUED
+    backend.cancel(urgent.id)
+    backend.cancel(victim.id)

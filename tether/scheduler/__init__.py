@@ -19,18 +19,28 @@ if TYPE_CHECKING:
         default_cluster_config,
         load_cluster,
     )
+    from tether.scheduler.devices import assign_devices, detect_islands, parse_topology_matrix
     from tether.scheduler.job import Demand, Job, JobKind, JobSpec, JobState
     from tether.scheduler.local import LocalBackend, MachineCapacity
     from tether.scheduler.placement import FirstFit, InterconnectModel, Placer, TopologyAware
     from tether.scheduler.policy import POLICIES, Policy, QueuePolicy, get_policy, parse_policies
-    from tether.scheduler.ray_backend import RayBackend, plan_placement_group
+    from tether.scheduler.ray_backend import RayBackend, RayCommand, plan_placement_group
     from tether.scheduler.simulator import PolicyResult, SimConfig, simulate
     from tether.scheduler.state import Decision, Preempt, Replace, Resize, SchedulingState, Start
     from tether.scheduler.store import JobRecord, JobRequest, JobStore
     from tether.scheduler.straggler import StragglerConfig, StragglerDetector, find_stragglers, mitigate
     from tether.scheduler.trace import SyntheticTrace, load_trace, save_trace
+    from tether.scheduler.workload import WORKLOADS, Workload, WorkloadKind, recognize
 
 _EXPORTS = {
+    "assign_devices": "tether.scheduler.devices",
+    "detect_islands": "tether.scheduler.devices",
+    "parse_topology_matrix": "tether.scheduler.devices",
+    "RayCommand": "tether.scheduler.ray_backend",
+    "WORKLOADS": "tether.scheduler.workload",
+    "Workload": "tether.scheduler.workload",
+    "WorkloadKind": "tether.scheduler.workload",
+    "recognize": "tether.scheduler.workload",
     "ClusterConfig": "tether.scheduler.cluster",
     "ClusterState": "tether.scheduler.cluster",
     "Decision": "tether.scheduler.state",
@@ -79,6 +89,7 @@ _EXPORTS = {
 
 __all__ = [
     "POLICIES",
+    "WORKLOADS",
     "ClusterConfig",
     "ClusterState",
     "Decision",
@@ -102,6 +113,7 @@ __all__ = [
     "Preempt",
     "QueuePolicy",
     "RayBackend",
+    "RayCommand",
     "Replace",
     "Resize",
     "SchedulingState",
@@ -112,14 +124,20 @@ __all__ = [
     "SyntheticTrace",
     "Topology",
     "TopologyAware",
+    "Workload",
+    "WorkloadKind",
+    "assign_devices",
     "default_cluster_config",
+    "detect_islands",
     "find_stragglers",
     "get_policy",
     "load_cluster",
     "load_trace",
     "mitigate",
     "parse_policies",
+    "parse_topology_matrix",
     "plan_placement_group",
+    "recognize",
     "save_trace",
     "simulate",
 ]

@@ -17,11 +17,14 @@ class JobKind(Enum):
     EVAL = "eval"
     SANDBOX = "sandbox"
     AGENT = "agent"
+    SERVE = "serve"
 
 
 class JobState(Enum):
     QUEUED = "queued"
     RUNNING = "running"
+    # Asked to stop for a preemption (a train job checkpointing); it holds its devices until it exits.
+    PREEMPTING = "preempting"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
