@@ -72,3 +72,35 @@ def served_process(model: str, *options: str, ready_s: float = 120.0) -> Iterato
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@contextmanager
+def sandbox_server(*options: str, ready_s: float = 60.0) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`tether sandbox serve OPTIONS` in its own process on a free port, once `/healthz` answers; yields
+    the process (tests kill it by pid) and its URL; terminated on exit if still running."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "tether"), "sandbox", "serve", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy()
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "tether sandbox serve did not become healthy"
+            time.sleep(0.1)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

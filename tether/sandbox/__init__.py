@@ -10,13 +10,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool, SandboxUnavailable
+    from tether.sandbox.factory import open_sandbox
+    from tether.sandbox.fleet import FleetBusy, FleetConfig, FleetUnavailable, SandboxFleet
+    from tether.sandbox.interface import Sandbox, Session, SessionLost
+    from tether.sandbox.pool import NoFreeSlot, SandboxPool, SandboxUnavailable
+    from tether.sandbox.pool_config import PoolConfig
     from tether.sandbox.result import QcStatus, RunResult, RunStatus
     from tether.sandbox.spec import SandboxSpec, load_spec
 
 _EXPORTS = {
+    "open_sandbox": "tether.sandbox.factory",
+    "FleetBusy": "tether.sandbox.fleet",
+    "FleetConfig": "tether.sandbox.fleet",
+    "FleetUnavailable": "tether.sandbox.fleet",
+    "SandboxFleet": "tether.sandbox.fleet",
+    "Sandbox": "tether.sandbox.interface",
+    "Session": "tether.sandbox.interface",
+    "SessionLost": "tether.sandbox.interface",
     "NoFreeSlot": "tether.sandbox.pool",
-    "PoolConfig": "tether.sandbox.pool",
+    "PoolConfig": "tether.sandbox.pool_config",
     "SandboxPool": "tether.sandbox.pool",
     "SandboxUnavailable": "tether.sandbox.pool",
     "QcStatus": "tether.sandbox.result",
@@ -27,15 +39,23 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "FleetBusy",
+    "FleetConfig",
+    "FleetUnavailable",
     "NoFreeSlot",
     "PoolConfig",
     "QcStatus",
     "RunResult",
     "RunStatus",
+    "Sandbox",
+    "SandboxFleet",
     "SandboxPool",
     "SandboxSpec",
     "SandboxUnavailable",
+    "Session",
+    "SessionLost",
     "load_spec",
+    "open_sandbox",
 ]
 
 
