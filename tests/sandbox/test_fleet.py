@@ -27,6 +27,7 @@ from tether.sandbox import (
     SandboxPool,
     SandboxSpec,
     SessionLost,
+    fleet_session,
 )
 from tether.sandbox.discovery import DiscoveryFailed, DnsDiscovery
 from tether.sandbox.server import create_app
@@ -278,6 +279,27 @@ async def test_a_missing_file_in_a_session_is_file_not_found_not_a_lost_session(
         with pytest.raises(FileNotFoundError, match=r"a\.txt"):
             await session.download(["a.txt"])
         assert not session.closed
+
+
+async def test_a_session_on_an_instance_that_stops_answering_is_lost_within_its_run_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fleet_session, "RUN_MARGIN_S", 0.2)
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        ended: list[str] = []
+        spec = SandboxSpec(timeout_s=0.3, compile_timeout_s=0.3)
+        async with httpx.AsyncClient() as http:
+            session = fleet_session.FleetSession(
+                http, url, "hung~s1", spec, release=lambda: ended.append("released"), lost=lambda: None
+            )
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(SessionLost, match="ReadTimeout"):
+                await session.run("print(1)")
+            waited = asyncio.get_running_loop().time() - started
+    assert 0.7 <= waited < 3 and ended == ["released"]
 
 
 # ---- discovery -----------------------------------------------------------------------------------------

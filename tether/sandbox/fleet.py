@@ -185,7 +185,10 @@ class SandboxFleet:
                     self.balancer.set_members(await self.discovery.resolve())
                 except DiscoveryFailed as error:  # keep the last known fleet
                     log.warning("%s; keeping %d known instance(s)", error, len(self.balancer.instances))
-            await self.refresh_load()
+            try:
+                await self.refresh_load()
+            except Exception:  # the poller must outlive any one bad answer, or loads go stale
+                log.exception("reading the sandbox fleet's load failed")
 
     def _notify(self) -> None:
         self._changed.set()

@@ -2,8 +2,10 @@
 
 The server's session id names its instance (`NAME~s<hex>`). A session's calls are never retried on
 another instance: its working directory exists on that one only. When the instance is gone (connection
-refused or reset, a timeout, or 404 "no such session" from an instance that restarted) the call raises
-`SessionLost` at once, with bounded timeouts, and the session is over; closing it then is a no-op.
+refused or reset, or 404 "no such session" from an instance that restarted) the call raises
+`SessionLost` at once, and the session is over; closing it then is a no-op. An instance that stops
+answering costs at most the call's timeout: a run's own limits plus `RUN_MARGIN_S`, a file transfer
+`FILES_TIMEOUT_S`.
 Calls are serialised, as on a local session.
 """
 
@@ -26,6 +28,9 @@ from tether.sandbox.spec import SandboxSpec
 from tether.sandbox.wire import encode_files, error_of, run_body
 
 CLOSE_TIMEOUT_S = 10.0  # a close to an instance that stopped answering gives up after this
+FILES_TIMEOUT_S = 60.0  # an upload or download
+RUN_MARGIN_S = 30.0  # a run may take its own limits plus this before its instance counts as gone
+CONNECT_TIMEOUT_S = 5.0
 
 
 class FleetSession:
@@ -51,13 +56,14 @@ class FleetSession:
     def closed(self) -> bool:
         return self._ended is not None
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _call(self, method: str, path: str, timeout_s: float, **kwargs: Any) -> httpx.Response:
         async with self._lock:
             if self._ended is not None:
                 raise SessionClosed(f"session {self.id} is {self._ended}")
             url = f"{self.instance}/v1/sessions/{self.id}{path}"
+            timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
             try:
-                response = await self._http.request(method, url, **kwargs)
+                response = await self._http.request(method, url, timeout=timeout, **kwargs)
             except httpx.TransportError as error:
                 raise self._lose(f"{type(error).__name__}: {error}") from None
             if response.status_code == 404 and error_of(response)[1] == "session_not_found":
@@ -93,7 +99,9 @@ class FleetSession:
         spec: SandboxSpec | None = None,
     ) -> RunResult:
         body = run_body(code, language, stdin, files or {}, collect, spec)
-        response = await self._call("POST", "/run", json=body)
+        limits = spec or self.spec
+        timeout_s = limits.timeout_s + limits.compile_timeout_s + RUN_MARGIN_S
+        response = await self._call("POST", "/run", timeout_s, json=body)
         try:
             return RunResult.model_validate_json(response.content)
         except ValidationError as error:
@@ -103,11 +111,12 @@ class FleetSession:
             ) from None
 
     async def upload(self, files: Mapping[str, str | bytes]) -> None:
-        await self._call("PUT", "/files", json={"files": encode_files(files)})
+        await self._call("PUT", "/files", FILES_TIMEOUT_S, json={"files": encode_files(files)})
 
     async def download(self, paths: Sequence[str]) -> dict[str, bytes]:
         """The files' bytes; a missing one raises FileNotFoundError (the server's message names it)."""
-        response = await self._call("GET", "/files", params=[("path", path) for path in paths])
+        params = [("path", path) for path in paths]
+        response = await self._call("GET", "/files", FILES_TIMEOUT_S, params=params)
         try:
             files = response.json()["files"]
             return {name: base64.b64decode(data, validate=True) for name, data in files.items()}
