@@ -15,7 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.live_server import sandbox_server
+from tests.live_server import sandbox_fleet
 from tether.errors import ConfigError
 from tether.sandbox import (
     FleetBusy,
@@ -58,7 +58,7 @@ def mock_fleet(
 
     urls = tuple(f"http://{host}:8080" for host in responses)
     config = FleetConfig(endpoints=urls, **options)
-    return SandboxFleet(config=config, transport=httpx.MockTransport(handle))
+    return SandboxFleet(None, config, transport=httpx.MockTransport(handle))
 
 
 def instance(fleet: SandboxFleet, host: str) -> Any:
@@ -337,7 +337,7 @@ async def test_a_fleet_found_by_discovery_runs_on_the_resolved_instances(pool: S
         discovery="dns+http://localhost:8081", discovery_interval_s=0.05, load_interval_s=0.05
     )
     transport = httpx.ASGITransport(app=create_app(pool))
-    fleet = SandboxFleet(config=config, transport=transport, resolver=resolver)
+    fleet = SandboxFleet(None, config, transport=transport, resolver=resolver)
     async with fleet:
         assert [i.url for i in fleet.balancer.instances] == ["http://127.0.0.1:8081"]
         assert (await fleet.run("print(6 * 7)")).stdout == "42\n"
@@ -356,7 +356,7 @@ async def test_a_fleet_run_and_session_through_the_app_match_a_local_one() -> No
     async with SandboxPool(SandboxSpec(timeout_s=10), config) as pool:
         transport = httpx.ASGITransport(app=create_app(pool))
         fleet_config = FleetConfig(endpoints=("http://sandbox",))
-        async with SandboxFleet(config=fleet_config, transport=transport) as fleet:
+        async with SandboxFleet(None, fleet_config, transport=transport) as fleet:
             code = (
                 "import sys\nopen('out.txt', 'w').write(open('in.txt').read() * 2)\nprint(sys.stdin.read())"
             )
@@ -384,8 +384,8 @@ async def test_a_fleet_run_and_session_through_the_app_match_a_local_one() -> No
 
 @pytest.fixture
 def two_servers() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
-    with sandbox_server("--slots", "2") as first, sandbox_server("--slots", "2") as second:
-        yield [first, second]
+    with sandbox_fleet(2, "--slots", "2") as servers:
+        yield servers
 
 
 def served_runs(url: str) -> float:

@@ -14,14 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
-from tests.live_server import sandbox_server
+from tests.live_server import sandbox_fleet
 from tests.rl.test_agent_rollouts import long_model  # noqa: F401 - the tiny model with room for tools
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import ContextSpec, Limits, TaskSpec
@@ -35,8 +34,8 @@ Server = tuple[subprocess.Popen[bytes], str]
 
 @pytest.fixture
 def fleet() -> Iterator[list[Server]]:
-    with ExitStack() as stack:
-        yield [stack.enter_context(sandbox_server("--slots", "2")) for _ in range(3)]
+    with sandbox_fleet(3, "--slots", "2") as servers:
+        yield servers
 
 
 def fleet_env(servers: list[Server]) -> str:

@@ -45,11 +45,6 @@ class SandboxProvider:
     def started(self) -> bool:
         return self._pool is not None
 
-    @property
-    def remote(self) -> bool:
-        """Runs go to a fleet of sandbox servers, not to workers of this process."""
-        return self._fleet is not None
-
     async def pool(self) -> Sandbox:
         async with self._lock:
             if self._pool is None:

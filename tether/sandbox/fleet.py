@@ -103,15 +103,13 @@ class SandboxFleet:
 
     def __init__(
         self,
-        spec: SandboxSpec | None = None,
-        config: FleetConfig | None = None,
+        spec: SandboxSpec | None,
+        config: FleetConfig,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         resolver: Resolver = socket.getaddrinfo,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if config is None:
-            raise ConfigError("SandboxFleet needs a FleetConfig with endpoints or discovery")
         self._spec = spec or SandboxSpec()
         self.config = config
         self.discovery = (
@@ -167,11 +165,14 @@ class SandboxFleet:
             response = await self.http.get(f"{instance.url}/v1/load", timeout=timeout)
             response.raise_for_status()
             load = _LOAD.validate_json(response.content)
-        except (httpx.TransportError, httpx.HTTPStatusError, ValidationError) as error:
-            if instance.down_until <= 0:
-                log.warning("sandbox instance %s is not answering its load: %s", instance.url, error)
-            if isinstance(error, httpx.TransportError):
-                self.balancer.failed(instance)
+        except httpx.TransportError as error:
+            if self.balancer.up(instance):
+                log.warning("sandbox instance %s is not answering: %s", instance.url, error)
+            self.balancer.failed(instance)
+            return
+        except (httpx.HTTPStatusError, ValidationError) as error:
+            # It answers, but reports no load: it is dispatched by this client's in-flight count alone.
+            log.debug("sandbox instance %s reports no load: %s", instance.url, error)
             return
         self.balancer.report(instance, load)
 

@@ -29,6 +29,7 @@ import base64
 import binascii
 import dataclasses
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -397,9 +398,11 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 def serve(host: str, port: int, spec: SandboxSpec, config: PoolConfig) -> None:
     """Run the API with uvicorn until interrupted; the pool starts with the server and closes with it.
 
-    A pool without an instance name takes `$MY_POD_NAME` (Kubernetes), else `HOST:PORT`."""
+    A pool without an instance name takes `$MY_POD_NAME` (Kubernetes), else `HOST:PORT` (the machine's
+    host name when bound to every address)."""
     if not config.instance_name:
-        name = os.environ.get("MY_POD_NAME") or f"{host}:{port}"
+        address = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+        name = os.environ.get("MY_POD_NAME") or f"{address}:{port}"
         config = dataclasses.replace(config, instance_name=name)
     app = create_app(SandboxPool(spec, config), manage_pool=True)
     uvicorn.run(app, host=host, port=port, lifespan="on", log_level="info")
