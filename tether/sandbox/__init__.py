@@ -1,4 +1,6 @@
-"""Isolated, high-concurrency execution of untrusted code: namespaces, cgroups, seccomp, warm pools.
+"""Isolated, high-concurrency execution of untrusted code: namespaces, cgroups, seccomp, warm pools,
+in this process (`SandboxPool`) or on a fleet of `tether sandbox serve` instances (`SandboxFleet`), both
+behind one interface (`Sandbox`, `Session`) chosen by `open_sandbox`.
 
 The public names are loaded on first use: the sandbox worker imports modules of this package inside
 its namespaces and must not pay for (or carry into every forked run) the host-side dependencies.
