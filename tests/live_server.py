@@ -1,5 +1,5 @@
 """Servers on real sockets for tests: an ASGI app behind uvicorn in a thread (HTTP clients, fake upstreams),
-or `tether serve` in its own process."""
+or `tether serve` (or a fleet of `tether sandbox serve`) in their own processes."""
 
 from __future__ import annotations
 
@@ -72,3 +72,49 @@ def served_process(model: str, *options: str, ready_s: float = 120.0) -> Iterato
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def _start_sandbox(options: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "tether"), "sandbox", "serve", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy()
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], url: str, deadline: float) -> None:
+    while True:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"tether sandbox serve at {url} did not become healthy"
+        time.sleep(0.1)
+
+
+@contextmanager
+def sandbox_fleet(
+    count: int, *options: str, ready_s: float = 60.0
+) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """`count` processes of `tether sandbox serve OPTIONS`, each on a free port, started together and
+    yielded once every `/healthz` answers: (process, URL) pairs, so a test can kill one by pid. Those
+    still running are terminated on exit."""
+    servers = [_start_sandbox(options) for _ in range(count)]
+    try:
+        deadline = time.monotonic() + ready_s
+        for process, url in servers:
+            _wait_healthy(process, url, deadline)
+        yield servers
+    finally:
+        for process, _ in servers:
+            if process.poll() is None:
+                process.terminate()
+        for process, _ in servers:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

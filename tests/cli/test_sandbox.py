@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tether.cli.main import app
@@ -20,3 +21,40 @@ def test_sandbox_run_passes_a_program_that_is_not_utf8_through_unchanged(tmp_pat
     for result in (from_file, from_stdin):
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["stdout"] == "café\n"
+
+
+def test_sandbox_serve_refuses_a_bad_instance_name_by_name() -> None:
+    result = runner.invoke(app, ["sandbox", "serve", "--instance-name", "a/b", "--port", "1"])
+    assert result.exit_code == 2
+    assert "instance_name = 'a/b'" in result.output
+
+
+def test_a_configured_fleet_that_does_not_answer_is_a_clear_error_not_a_local_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.live_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TETHER_SANDBOX__FLEET", json.dumps([url]))
+    result = runner.invoke(app, ["sandbox", "humaneval", "--json"])
+    assert result.exit_code == 2
+    assert "no sandbox server answered" in result.output and url in result.output
+
+
+async def test_scoring_and_agent_workers_get_the_configured_sandbox() -> None:
+    from tests.live_server import free_port
+    from tether.cli.common import open_sandbox, sandbox_provider
+    from tether.config import load_settings
+    from tether.sandbox import SandboxFleet, SandboxPool
+
+    fleet = json.dumps([f"http://127.0.0.1:{free_port()}"])
+    remote = load_settings(environ={"TETHER_SANDBOX__FLEET": fleet})
+    provider = sandbox_provider(remote)
+    try:
+        assert isinstance(await provider.pool(), SandboxFleet)  # started: no local worker, no privileges
+    finally:
+        await provider.aclose()
+    assert isinstance(open_sandbox(remote, slots=2), SandboxFleet)
+    assert isinstance(open_sandbox(load_settings(environ={}), slots=2), SandboxPool)
+    found = load_settings(environ={"TETHER_SANDBOX__DISCOVERY": "dns+http://localhost:8080"})
+    assert isinstance(open_sandbox(found), SandboxFleet)

@@ -25,7 +25,7 @@ from tether.sandbox.spec import SandboxSpec
 from tether.tools.workspace import SandboxWorkspace
 
 if TYPE_CHECKING:
-    from tether.sandbox.session import SandboxSession
+    from tether.sandbox.interface import Session
 
 _LINE = "check: "
 _TALLY = re.compile(r"^checks: (\d+)/(\d+)$")
@@ -89,14 +89,14 @@ class _Part:
     output: str
 
 
-async def _run_command(session: SandboxSession, limits: SandboxSpec, command: str) -> _Part:
+async def _run_command(session: Session, limits: SandboxSpec, command: str) -> _Part:
     result = await session.run(command, "bash", spec=limits)
     passed = result.status is RunStatus.OK and result.exit_code == 0
     counts = _counts(result.stdout) or (int(passed), 1)
     return _Part(passed, result.exit_code, counts, result.stdout + result.stderr)
 
 
-async def _run_suite(session: SandboxSession, limits: SandboxSpec, suite: SuiteCheck) -> _Part:
+async def _run_suite(session: Session, limits: SandboxSpec, suite: SuiteCheck) -> _Part:
     results = await run_suite(SandboxWorkspace(session), suite.imports, suite.tests, spec=limits)
     failed = sorted(name for name, ok in results.items() if not ok)
     lines = [f"failed: {name}" for name in failed[:10]] or (
@@ -107,7 +107,7 @@ async def _run_suite(session: SandboxSession, limits: SandboxSpec, suite: SuiteC
     return _Part(passed, 0 if passed else 1, counts, "".join(line + "\n" for line in lines))
 
 
-async def run_check(session: SandboxSession, spec: TaskSpec, check: CheckSpec) -> CheckOutcome:
+async def run_check(session: Session, spec: TaskSpec, check: CheckSpec) -> CheckOutcome:
     """The command's outcome and the suite's, combined: it passes if both do; each check counts once."""
     limits = spec.sandbox.model_copy(update={"timeout_s": check.timeout_s})
     parts = []

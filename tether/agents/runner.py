@@ -5,6 +5,9 @@ reply and its tool-call intents (before anything acts on them), run the calls in
 checkpoint the workdir, commit the step. A runner holds the task's lease and renews it in the
 background; if the lease is lost (it stalled and another worker took over) every further write fails
 with `LeaseLost` and the runner stops. Resuming is not a special path: every run starts by restoring.
+A sandbox session lost mid-task (its fleet instance died: `SessionLost`) is resumed the same way, at
+once and by this runner: it re-claims the task (a new lease epoch, as a crash resumption has), opens a
+new session elsewhere and restores the last committed snapshot, journaled like any resumption.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from tether.agents.replay import (
 from tether.agents.task import TaskSpec
 from tether.agents.telemetry import Telemetry
 from tether.chat import ChatClient, ChatRequest, ToolCall
-from tether.sandbox.pool import SandboxPool
+from tether.sandbox.interface import Sandbox, SessionLost
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal, LeaseLost
 from tether.store.records import (
@@ -54,9 +57,11 @@ from tether.tools import BUILTIN_TOOLS, HANDOFF, ReplayPolicy, SandboxWorkspace,
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
     lease_s: float = 30.0  # another worker may take the task over this long after the last renewal
+    max_session_losses: int = 5  # sessions lost in one run of a task before the loss is raised
 
     def __post_init__(self) -> None:
         assert self.lease_s > 0
+        assert self.max_session_losses >= 0
 
 
 class TaskRunner:
@@ -64,7 +69,7 @@ class TaskRunner:
         self,
         journal: Journal,
         artifacts: ArtifactStore,
-        pool: SandboxPool,
+        pool: Sandbox,
         model: ChatClient,
         owner: str,
         config: RunnerConfig | None = None,
@@ -99,11 +104,23 @@ class TaskRunner:
         epoch = self.journal.claim(task_id, self.owner, self.config.lease_s)
         if epoch is None:
             return None
+        lease = [epoch]  # the keeper renews whichever epoch is current
         driver = asyncio.current_task()
         assert driver is not None
-        keeper = asyncio.create_task(self._keep_lease(task_id, epoch, driver, heartbeat))
+        keeper = asyncio.create_task(self._keep_lease(task_id, lease, driver, heartbeat))
         try:
-            return await self._drive(task_id, epoch, stop or asyncio.Event())
+            losses = 0
+            while True:
+                try:
+                    return await self._drive(task_id, lease[0], stop or asyncio.Event())
+                except SessionLost as lost:
+                    losses += 1
+                    if losses > self.config.max_session_losses:
+                        raise
+                    resumed = self._resume_after_loss(task_id, lost)
+                    if resumed is None:
+                        return None
+                    lease[0] = resumed
         except LeaseLost:
             return None
         except asyncio.CancelledError:
@@ -116,17 +133,32 @@ class TaskRunner:
             with contextlib.suppress(asyncio.CancelledError, LeaseLost):
                 await keeper
 
+    def _resume_after_loss(self, task_id: str, lost: SessionLost) -> int | None:
+        """Take the task over from ourselves, as a worker does after a crash: a new lease epoch fences
+        anything of the lost attempt, and the next `_drive` restores the last committed snapshot."""
+        epoch = self.journal.claim(task_id, self.owner, self.config.lease_s)
+        self.telemetry.errors.labels(kind="session_lost").inc()
+        self.telemetry.event(
+            "session_lost",
+            task_id=task_id,
+            session=lost.session_id,
+            instance=lost.instance,
+            reason=lost.reason,
+            epoch=epoch,
+        )
+        return epoch
+
     async def _keep_lease(
         self,
         task_id: str,
-        epoch: int,
+        lease: list[int],
         driver: asyncio.Task[TaskStatus | None],
         heartbeat: Callable[[], Awaitable[None]] | None,
     ) -> None:
         while True:
             await asyncio.sleep(self.config.lease_s / 3)
             try:
-                self.journal.renew(task_id, epoch, self.config.lease_s)
+                self.journal.renew(task_id, lease[0], self.config.lease_s)
             except LeaseLost:
                 driver.cancel()  # stop acting for a task another worker now owns
                 raise

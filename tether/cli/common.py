@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from tether.config import TetherSettings
-    from tether.sandbox.pool import PoolConfig
+    from tether.envs.context import SandboxProvider
+    from tether.sandbox.fleet import FleetConfig
+    from tether.sandbox.interface import Sandbox
+    from tether.sandbox.pool_config import PoolConfig
 
 err_console = Console(stderr=True)
 
@@ -144,7 +147,7 @@ def print_json(payload: Any) -> None:
 
 
 def pool_config(settings: TetherSettings, slots: int | None = None, insecure: bool = False) -> PoolConfig:
-    from tether.sandbox.pool import PoolConfig
+    from tether.sandbox.pool_config import PoolConfig
 
     sandbox = settings.sandbox
     return PoolConfig(
@@ -153,3 +156,28 @@ def pool_config(settings: TetherSettings, slots: int | None = None, insecure: bo
         insecure=insecure or sandbox.insecure,
         session_idle_timeout_s=sandbox.session_idle_timeout_s,
     )
+
+
+def fleet_config(settings: TetherSettings) -> FleetConfig | None:
+    """The fleet `[sandbox] fleet` or `discovery` names; None when runs stay in this process."""
+    from tether.sandbox.fleet import FleetConfig
+
+    sandbox = settings.sandbox
+    if not sandbox.remote:
+        return None
+    return FleetConfig(endpoints=tuple(sandbox.fleet), discovery=sandbox.discovery)
+
+
+def open_sandbox(settings: TetherSettings, slots: int | None = None) -> Sandbox:
+    """The configured sandbox, unstarted: the fleet, or a local pool of `slots` (default: settings')."""
+    from tether.sandbox.factory import open_sandbox as open_configured
+
+    return open_configured(settings.sandbox.spec, pool_config(settings, slots=slots), fleet_config(settings))
+
+
+def sandbox_provider(settings: TetherSettings, slots: int | None = None) -> SandboxProvider:
+    """Scoring's lazily started sandbox, as `[sandbox]` configures it (see `open_sandbox`)."""
+    from tether.envs.context import SandboxProvider
+
+    fleet = fleet_config(settings)
+    return SandboxProvider(settings.sandbox.spec, pool_config(settings, slots=slots), fleet=fleet)

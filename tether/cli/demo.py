@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from tether.cli import sandbox
-from tether.cli.common import pool_config, state, user_errors
+from tether.cli.common import sandbox_provider, state, user_errors
 from tether.cli.train import step_progress
 
 console = Console()
@@ -38,7 +38,6 @@ def demo_command(
 ) -> None:
     """RL on a domain mixture with SmolLM2, evaluated on held-out seeds before and after training."""
     # Imported here: torch and the environments load only when the demo starts, not for `tether --help`.
-    from tether.envs.context import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.demo import Z_CLEAR, comparison_table, load_demo_config, run_demo
 
@@ -64,7 +63,7 @@ def demo_command(
             raise typer.Exit(1)
     with user_errors():
         configure_threads()
-        provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
+        provider = sandbox_provider(settings)
         with step_progress(config.train, "loading the policy...", console) as (on_step, on_phase):
             result = run_demo(config, sandbox=provider, on_step=on_step, on_phase=on_phase)
     # Piped into a file or a log, rich would squeeze the table into 80 columns.

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.chat import Messages
-from tether.cli.common import pool_config, print_json, state, user_errors
+from tether.cli.common import print_json, sandbox_provider, state, user_errors
 from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.episode import Environment, run_episode, scripted_policy
 from tether.envs.errors import EnvError
@@ -135,7 +135,7 @@ def score_command(
         task = env.task(seed)
         raw = sys.stdin.read() if str(answer_file) == "-" else answer_file.read_text()
         settings = state(ctx).settings()
-        provider = SandboxProvider(settings.sandbox.spec, pool_config(settings, slots=1))
+        provider = sandbox_provider(settings, slots=1)
         score = asyncio.run(_score(env, task, read_replies(raw), provider))
     payload: dict[str, Any] = {"env": name, "seed": seed, **score.to_dict()}
     if as_json:

@@ -25,8 +25,8 @@ from tether.cli.common import (
     DTypeOption,
     counted_lines,
     err_console,
-    pool_config,
     print_json,
+    sandbox_provider,
     state,
     user_errors,
 )
@@ -134,7 +134,7 @@ def eval_command(
         registry = default_registry()
         mixture = parse_env_spec(registry, envs)
         plan = plan_episodes(mixture, count, seed, per_env=not envs.startswith("@"))
-        provider = SandboxProvider(settings.sandbox.spec, pool_config(settings))
+        provider = sandbox_provider(settings)
         out_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         episodes_path = out_dir / f"eval-{stamp}-{os.getpid()}.jsonl"

@@ -13,8 +13,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import counted_progress, err_console, fail, pool_config, print_json, state, user_errors
+from tether.cli.common import (
+    counted_progress,
+    err_console,
+    fail,
+    fleet_config,
+    pool_config,
+    print_json,
+    state,
+    user_errors,
+)
 from tether.sandbox.bench import run_benchmark
+from tether.sandbox.factory import open_sandbox
 from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
@@ -85,13 +95,33 @@ def serve_command(
     spec_file: SpecOption = None,
     slots: SlotsOption = None,
     insecure: InsecureOption = False,
+    instance_name: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-name",
+            help="Names this instance in its session ids (default: $MY_POD_NAME, HOST:PORT).",
+        ),
+    ] = None,
+    warm_target: Annotated[
+        int, typer.Option("--warm-target", min=0, help="Spare warm workers kept beyond the slots.")
+    ] = 0,
+    max_queued: Annotated[
+        int,
+        typer.Option("--max-queued", min=0, help="Runs that may wait for a slot; beyond: 503 + Retry-After."),
+    ] = 1024,
 ) -> None:
-    """Serve the sandbox over HTTP: SandboxFusion's /run_code, sessions, /healthz, /metrics."""
+    """Serve the sandbox over HTTP: SandboxFusion's /run_code, sessions, /v1/load, /healthz, /metrics."""
+    from dataclasses import replace
+
     from tether.sandbox.server import serve
 
     spec = _spec(ctx, spec_file)
     with user_errors():
-        serve(host, port, spec, pool_config(state(ctx).settings(), slots=slots, insecure=insecure))
+        config = pool_config(state(ctx).settings(), slots=slots, insecure=insecure)
+        config = replace(
+            config, instance_name=instance_name or "", warm_target=warm_target, max_queued=max_queued
+        )
+        serve(host, port, spec, config)
 
 
 @app.command("doctor")
@@ -145,14 +175,20 @@ def doctor_command(
 async def _humaneval(
     spec: SandboxSpec, slots: int, mutate: bool, show_progress: bool, insecure: bool, ctx: typer.Context
 ) -> HumanEvalReport:
+    """HumanEval through the configured sandbox: the fleet when `[sandbox]` names one, else a local pool."""
     problems = load_problems()
-    config = pool_config(state(ctx).settings(), slots=slots, insecure=insecure)
-    async with SandboxPool(spec, config) as pool:
+    settings = state(ctx).settings()
+    config = pool_config(settings, slots=slots, insecure=insecure)
+    pool = open_sandbox(spec, config, fleet_config(settings))
+    await pool.start()
+    try:
         if not show_progress:
             return await run_humaneval(pool, problems, mutate)
         with counted_progress() as progress:
             task = progress.add_task("HumanEval" + (" (mutated)" if mutate else ""), total=len(problems))
             return await run_humaneval(pool, problems, mutate, on_done=lambda _: progress.advance(task))
+    finally:
+        await pool.close()
 
 
 def humaneval_table(reports: list[HumanEvalReport]) -> Table:

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tether.cli.common import fail, pool_config, state, user_errors
+from tether.cli.common import fail, sandbox_provider, state, user_errors
 
 if TYPE_CHECKING:
     from tether.cli.plan import PlanOptions
@@ -188,7 +188,6 @@ def train_command(
     if (config_file is None) == (resume is None):
         fail("give exactly one of --config FILE.toml (a new run) or --resume RUN_DIR")
     # Imported here: torch and the environments load only when a run starts, not for `tether --help`.
-    from tether.envs.context import SandboxProvider
     from tether.models import configure_threads
     from tether.rl.builders import build_trainer
     from tether.rl.config import load_config, parse_config
@@ -218,7 +217,7 @@ def train_command(
             follow_rank(config, rendezvous)
             return
         configure_threads()
-        sandbox = SandboxProvider(settings.sandbox.spec, pool_config(settings))
+        sandbox = sandbox_provider(settings)
         trainer = build_trainer(config, sandbox=sandbox, resume=resume is not None)
     try:
         with step_progress(config, f"{config.run.name}: first step...") as (on_step, _):

@@ -21,7 +21,7 @@ from tether.cli.common import (
     DeviceOption,
     DTypeOption,
     err_console,
-    pool_config,
+    open_sandbox,
     state,
     user_errors,
 )
@@ -127,7 +127,6 @@ async def run_worker(
     from tether.agents.service import AgentStack
     from tether.agents.telemetry import Telemetry
     from tether.agents.worker import AgentWorker
-    from tether.sandbox.pool import SandboxPool
 
     settings = cli.settings()
     telemetry = Telemetry()
@@ -136,10 +135,11 @@ async def run_worker(
         server, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=telemetry.registry)
     try:
         stack = AgentStack(config)
+        # Each task holds one session: a local pool of max_in_flight slots, or the configured fleet.
+        pool = open_sandbox(settings, slots=worker_config.max_in_flight)
         try:
-            async with SandboxPool(
-                settings.sandbox.spec, pool_config(settings, slots=worker_config.max_in_flight)
-            ) as pool:
+            await pool.start()
+            try:
                 runner = TaskRunner(
                     stack.journal,
                     stack.artifacts,
@@ -154,6 +154,8 @@ async def run_worker(
                 telemetry.event("worker_ready", owner=runner.owner, max_in_flight=worker_config.max_in_flight)
                 await worker.serve(stop, exit_when_idle=exit_when_idle)
                 return worker.finished
+            finally:
+                await pool.close()
         finally:
             await stack.close()
     finally:

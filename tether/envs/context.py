@@ -1,8 +1,9 @@
-"""Where scoring and episodes reach the sandbox: one lazily started pool, and a timer per episode.
+"""Where scoring and episodes reach the sandbox: one lazily started sandbox, and a timer per episode.
 
 Pure-Python domains never touch it; domains that execute code (tests, graders, tools) go through a
 `ScoringContext`, so nothing a model wrote ever runs in this process and the time spent in the sandbox
-is reported per episode.
+is reported per episode. The sandbox is whichever `[sandbox]` configures (`open_sandbox`): a local pool,
+or a fleet of `tether sandbox serve` instances, in which case no sandbox worker starts in this process.
 """
 
 from __future__ import annotations
@@ -15,24 +16,27 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether.envs.errors import EnvError
 
 if TYPE_CHECKING:
-    from tether.sandbox.pool import PoolConfig, SandboxPool
+    from tether.sandbox.fleet import FleetConfig
+    from tether.sandbox.interface import Sandbox, Session
+    from tether.sandbox.pool_config import PoolConfig
     from tether.sandbox.result import RunResult
-    from tether.sandbox.session import SandboxSession
     from tether.sandbox.spec import SandboxSpec
 
 T = TypeVar("T")
 
 
 class SandboxProvider:
-    """One `SandboxPool` shared by many scorings and episodes, started on first use and closed once."""
+    """One `Sandbox` shared by many scorings and episodes, started on first use and closed once: a local
+    pool with `config`, or the fleet `fleet` names (then `config` is unused)."""
 
     def __init__(
         self,
         spec: SandboxSpec | None = None,
         config: PoolConfig | None = None,
-        pool: SandboxPool | None = None,
+        pool: Sandbox | None = None,
+        fleet: FleetConfig | None = None,
     ) -> None:
-        self._spec, self._config = spec, config
+        self._spec, self._config, self._fleet = spec, config, fleet
         self._pool = pool
         self._owned = pool is None
         self._lock = asyncio.Lock()
@@ -41,12 +45,12 @@ class SandboxProvider:
     def started(self) -> bool:
         return self._pool is not None
 
-    async def pool(self) -> SandboxPool:
+    async def pool(self) -> Sandbox:
         async with self._lock:
             if self._pool is None:
-                from tether.sandbox.pool import SandboxPool
+                from tether.sandbox.factory import open_sandbox
 
-                pool = SandboxPool(self._spec, self._config)
+                pool = open_sandbox(self._spec, self._config, self._fleet)
                 await pool.start()
                 self._pool = pool
             return self._pool
@@ -76,7 +80,7 @@ class ScoringContext:
         """Same sandbox, own timer: one per episode when episodes run concurrently."""
         return ScoringContext(self.sandbox, self._clock)
 
-    async def pool(self) -> SandboxPool:
+    async def pool(self) -> Sandbox:
         if self.sandbox is None:
             raise EnvError("this environment executes code but the scoring context has no sandbox")
         return await self.sandbox.pool()
@@ -90,10 +94,10 @@ class ScoringContext:
             self.sandbox_time_s += self._clock() - start
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
-        """`SandboxPool.run` (same keyword arguments), timed."""
+        """`Sandbox.run` (same keyword arguments), timed."""
         pool = await self.pool()
         return await self.timed(pool.run(code, language=language, **kwargs))
 
-    async def open_session(self, spec: SandboxSpec | None = None) -> SandboxSession:
+    async def open_session(self, spec: SandboxSpec | None = None) -> Session:
         pool = await self.pool()
         return await self.timed(pool.open_session(spec))

@@ -17,8 +17,8 @@ from tether.envs.tasks import Parsed, Task
 from tether.tools.workspace import SandboxWorkspace
 
 if TYPE_CHECKING:
+    from tether.sandbox.interface import Session
     from tether.sandbox.result import RunResult
-    from tether.sandbox.session import SandboxSession
 
 
 @dataclass(slots=True)
@@ -28,14 +28,14 @@ class EpisodeState:
     task: Task
     ctx: ScoringContext
     messages: Messages
-    session: SandboxSession | None = None
+    session: Session | None = None
     turns: int = 0
     tool_calls: int = 0
     submitted: str | None = None
     qc_violation: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
-    def require_session(self) -> SandboxSession:
+    def require_session(self) -> Session:
         if self.session is None:
             raise EnvError(f"environment {self.task.env} has no sandbox session in this episode")
         return self.session

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
-from tether.sandbox.pool import SandboxPool
+from tether.sandbox.interface import Sandbox
 from tether.sandbox.result import RunStatus
 
 MUTATED_BODY = "    return None\n"
@@ -77,7 +77,7 @@ def load_problems() -> list[Problem]:
 
 
 async def run_humaneval(
-    pool: SandboxPool,
+    pool: Sandbox,
     problems: list[Problem],
     mutate: bool = False,
     on_done: Callable[[ProblemOutcome], None] | None = None,

@@ -14,14 +14,12 @@ import asyncio
 import itertools
 import math
 import os
-import sys
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from tether.errors import ConfigError, TetherError
+from tether.errors import TetherError
 from tether.sandbox import protocol
 from tether.sandbox.cgroups import (
     CgroupLayout,
@@ -33,35 +31,17 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
-from tether.sandbox.paths import FIXED_ROOTS, PROGRAM_DIR
+from tether.sandbox.paths import PROGRAM_DIR
+from tether.sandbox.pool_config import DEVICE_NODES
+from tether.sandbox.pool_config import PoolConfig as PoolConfig  # re-exported: its historical home
 from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
-from tether.sandbox.rootfs import ALIAS_ROOT, STAGING
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
-# What reward and test code imports most, and cheap to carry into every fork (each MiB of heap the
-# worker holds costs every run a little at fork and exit); anything else is imported on demand.
-DEFAULT_PRELOAD = (
-    "bisect",
-    "collections",
-    "copy",
-    "functools",
-    "heapq",
-    "itertools",
-    "json",
-    "math",
-    "operator",
-    "random",
-    "re",
-    "string",
-    "typing",
-)
-DEFAULT_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _GRACE_S = 10.0
 
 
@@ -70,59 +50,12 @@ class SandboxUnavailable(RuntimeError):
 
 
 class NoFreeSlot(TetherError):
-    """No slot freed up within the wait for a new session; `retry_after_s` is when to try again."""
+    """No slot for the request: none freed up within a session's wait, or the queue of runs is at its
+    bound (`PoolConfig.max_queued`); `retry_after_s` is when to try again."""
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True, slots=True)
-class PoolConfig:
-    """How the pool runs its workers. Limits of each run live in `SandboxSpec`."""
-
-    slots: int = field(default_factory=lambda: max(os.cpu_count() or 1, 1))
-    host_uid_base: int = 1_000_000  # unprivileged host uid of the namespace root; runs get base+run_uid
-    run_uid: int = 1000
-    workdir: str = "/workspace"
-    extra_readonly_paths: tuple[str, ...] = ()
-    preload_modules: tuple[str, ...] = DEFAULT_PRELOAD
-    python_executable: str = sys.executable
-    insecure: bool = False
-    max_runs_per_worker: int = 5000
-    worker_start_timeout_s: float = 30.0
-    session_idle_timeout_s: float = 600.0
-    session_wait_s: float = 10.0  # how long opening a session waits for a free slot before NoFreeSlot
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 1024:
-            raise ConfigError(f"slots = {self.slots!r}: must be between 1 and 1024")
-        if not 1 <= self.run_uid < 65536:
-            raise ConfigError(f"run_uid = {self.run_uid!r}: must be between 1 and 65535")
-        if self.session_idle_timeout_s <= 0:
-            raise ConfigError(f"session_idle_timeout_s = {self.session_idle_timeout_s!r}: must be positive")
-        if self.session_wait_s <= 0:
-            raise ConfigError(f"session_wait_s = {self.session_wait_s!r}: must be positive")
-        if self.host_uid_base < 65536:
-            raise ConfigError(
-                f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
-            )
-        reserved = (*FIXED_ROOTS, "/dev", "/proc", PROGRAM_DIR, STAGING, ALIAS_ROOT)
-        normal = "/" + os.path.normpath(self.workdir).lstrip("/")  # '//tmp' is /tmp too
-        if not self.workdir.startswith("/") or any(
-            normal in ("/", root) or normal.startswith(root + "/") or root.startswith(normal + "/")
-            for root in reserved
-        ):
-            raise ConfigError(
-                f"workdir = {self.workdir!r}: must be an absolute path that neither holds nor lies in "
-                f"{', '.join(reserved)}"
-            )
-
-    def readonly_paths(self) -> list[str]:
-        """System and Python directories, plus tether's own package (the fork server imports it)."""
-        prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(self.python_executable))}
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return [*DEFAULT_READONLY, *sorted(prefixes), package, *self.extra_readonly_paths]
 
 
 def _encode(data: str | bytes, field: str) -> str:
@@ -142,6 +75,7 @@ class SandboxPool:
         self.layout: CgroupLayout | None = None
         self._queue = FairQueue(self.config.slots)
         self._idle: list[Worker] = []
+        self._spares: list[Worker] = []  # started, holding no slot: `config.warm_target` of them
         # Every worker started and not yet discarded, wherever it is (idle, in a run or a session, or held
         # by a caller that was cancelled), so that closing the pool stops each one.
         self._workers: set[Worker] = set()
@@ -154,6 +88,8 @@ class SandboxPool:
         self.status_counts: dict[RunStatus, int] = dict.fromkeys(RunStatus, 0)
         self.qc_failures = 0
         self.workers_replaced = 0
+        self.worker_starts = 0  # workers started after the pool's start
+        self.cold_starts = 0  # slots a queued run had to wait on a worker start for
         self.sessions_refused = 0
         self.sessions: dict[str, SandboxSession] = {}
 
@@ -167,6 +103,11 @@ class SandboxPool:
     @property
     def queue_depth(self) -> int:
         return self._queue.depth
+
+    @property
+    def warm_workers(self) -> int:
+        """Started workers ready for a run now: idle ones holding a free slot, and the spares."""
+        return len(self._idle) + len(self._spares)
 
     @property
     def busy_slots(self) -> int:
@@ -208,15 +149,15 @@ class SandboxPool:
             workdir=self.config.workdir,
             skeleton_dir="",
         )
-        workers = await asyncio.gather(
-            *(self._new_worker() for _ in range(self.config.slots)), return_exceptions=True
-        )
+        count = self.config.slots + self.config.warm_target
+        workers = await asyncio.gather(*(self._new_worker() for _ in range(count)), return_exceptions=True)
         failures = [w for w in workers if isinstance(w, BaseException)]
         started = [w for w in workers if isinstance(w, Worker)]
         if failures:
             await asyncio.gather(*(w.kill() for w in started))
             raise SandboxUnavailable(f"sandbox workers failed to start: {failures[0]}") from failures[0]
-        self._idle.extend(started)
+        self._idle.extend(started[: self.config.slots])
+        self._spares.extend(started[self.config.slots :])
         self._spawn(self._expire_sessions())
 
     async def _new_worker(self) -> Worker:
@@ -238,7 +179,8 @@ class SandboxPool:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        workers, self._idle, self._workers = {*self._idle, *self._workers}, [], set()
+        workers, self._idle, self._workers = {*self._idle, *self._spares, *self._workers}, [], set()
+        self._spares = []
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
 
     def build_request(
@@ -321,6 +263,13 @@ class SandboxPool:
         spec = spec or self.spec
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
         request.collect = [sandbox_path(path, "collect", self.config.workdir) for path in collect]
+        bound = self.config.max_queued
+        if bound is not None and self._queue.free_slots == 0 and self._queue.depth >= bound:
+            raise NoFreeSlot(
+                f"the run queue is full ({self.queue_depth} of max_queued={bound} waiting; "
+                f"{self.describe_slots()}); retry later",
+                retry_after_s=1,
+            )
         await self._queue.acquire(client)
         worker = self._idle.pop()
         keep = False
@@ -432,28 +381,38 @@ class SandboxPool:
         if keep:
             self._idle.append(worker)
             self._queue.release()
-            return
-        self._spawn(self._replace(worker))
+        elif self._spares:  # a warm spare takes the slot at once; a new spare starts meanwhile
+            self._idle.append(self._spares.pop())
+            self._queue.release()
+            self._spawn(self._replace(worker, into_slot=False))
+        else:
+            self._spawn(self._replace(worker, into_slot=True))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _replace(self, worker: Worker) -> None:
-        """Discard a worker and fill its slot with a fresh one before the slot is handed out again."""
+    async def _replace(self, worker: Worker, into_slot: bool) -> None:
+        """Discard a worker and start a fresh one: into its slot, which is handed out again only then
+        (a run waiting meanwhile counts as a cold start), or (`into_slot=False`) as a spare."""
         await worker.kill()
         self._workers.discard(worker)
         self.workers_replaced += 1
         delay = 0.1
         while not self._closing:
             try:
-                self._idle.append(await self._new_worker())
+                fresh = await self._new_worker()
+                self.worker_starts += 1
+                (self._idle if into_slot else self._spares).append(fresh)
                 break
             except (TimeoutError, WorkerError, OSError):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        self._queue.release()
+        if into_slot:
+            if self._queue.depth:
+                self.cold_starts += 1
+            self._queue.release()
 
     async def health(self) -> QualityReport:
         """Run a trivial program through the pool and report whether it came back clean."""

@@ -7,14 +7,19 @@
     PUT  /v1/sessions/{id}/files         {"files": {path: base64}} -> 204
     GET  /v1/sessions/{id}/files?path=a&path=b   -> {"files": {path: base64}}; any missing path -> 404
     DELETE /v1/sessions/{id}             -> 204
+    GET  /v1/load                        {instance, slots, busy, queue_depth, max_queued, open_sessions,
+                                         warm}: cheap (no run), what a fleet client dispatches by
     GET  /healthz                        one trivial run through the pool: 200 or 503, with slot usage
                                          (503 "full" at once when open sessions hold every slot)
     GET  /metrics                        Prometheus text, from a registry owned by this app
 
-Every request the caller got wrong is a 4xx `{"error": {"message", "type", "field"}}` naming the bad
-value. Code and stdin travel as UTF-8 text, files as base64; a file path is relative to the working
-directory or absolute under one of the run's writable roots (`paths.py`), as in SandboxFusion. The
-pool knows nothing of HTTP and this module knows nothing of isolation; it validates, converts and counts.
+A run beyond the pool's bounded queue (`max_queued`) and a session open that finds no slot are both
+answered 503 + Retry-After: full, not broken. Session ids name the instance (`NAME~s<hex>`, the
+pool's `instance_name`). Every request the caller got wrong is a 4xx
+`{"error": {"message", "type", "field"}}` naming the bad value. Code and stdin travel as UTF-8 text,
+files as base64; a file path is relative to the working directory or absolute under one of the run's
+writable roots (`paths.py`), as in SandboxFusion. The pool knows nothing of HTTP and this module
+knows nothing of isolation; it validates, converts and counts.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import os
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,15 +39,14 @@ import uvicorn
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from tether.errors import ConfigError, TetherError, describe_validation_error
 from tether.sandbox.fusion import FusionRunRequest, FusionRunResponse, FusionRunStatus, to_fusion
 from tether.sandbox.languages import lookup
+from tether.sandbox.metrics import ServerMetrics
 from tether.sandbox.pool import NoFreeSlot, PoolConfig, SandboxPool
 from tether.sandbox.result import RunResult
 from tether.sandbox.session import SessionClosed
@@ -49,7 +55,6 @@ from tether.web import AsciiJSONResponse
 
 # SandboxFusion language name -> tether language name. Their other languages are refused by name.
 FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "nodejs": "javascript", "bash": "bash", "c": "c"}
-LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class ApiError(Exception):
@@ -179,56 +184,6 @@ def describe_request_problems(problems: Sequence[Any]) -> tuple[str, str | None]
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             lines.append(f"{field} = {shown}: {problem.get('msg')}")
     return "; ".join(lines), fields[0] if fields else None
-
-
-# ---- metrics -------------------------------------------------------------------------------------------
-
-
-class PoolCollector(Collector):
-    """Reads the pool's own counters at scrape time, so they can never drift from the pool."""
-
-    def __init__(self, pool: SandboxPool) -> None:
-        self.pool = pool
-
-    def collect(self) -> Iterable[Metric]:
-        pool = self.pool
-        yield GaugeMetricFamily("tether_sandbox_queue_depth", "Runs waiting for a slot.", pool.queue_depth)
-        yield GaugeMetricFamily(
-            "tether_sandbox_busy_slots", "Slots running or holding a session.", pool.busy_slots
-        )
-        yield GaugeMetricFamily("tether_sandbox_slots", "Slots (workers) of the pool.", pool.config.slots)
-        yield GaugeMetricFamily(
-            "tether_sandbox_open_sessions", "Sessions open; each holds one slot.", len(pool.sessions)
-        )
-        yield CounterMetricFamily(
-            "tether_sandbox_sessions_refused",
-            "Session opens answered 503 because no slot freed up in time.",
-            pool.sessions_refused,
-        )
-        yield CounterMetricFamily(
-            "tether_sandbox_qc_failures", "Runs that failed the quality check.", pool.qc_failures
-        )
-        yield CounterMetricFamily(
-            "tether_sandbox_workers_replaced", "Workers discarded and replaced.", pool.workers_replaced
-        )
-
-
-class ServerMetrics:
-    def __init__(self, pool: SandboxPool) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.runs = Counter(
-            "tether_sandbox_runs", "Runs served, by language and status.", ["language", "status"],
-            registry=self.registry,
-        )  # fmt: skip
-        self.latency = Histogram(
-            "tether_sandbox_run_seconds", "Run latency including queueing, by language.", ["language"],
-            buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )  # fmt: skip
-        self.registry.register(PoolCollector(pool))
-
-    def observe(self, language: str, result: RunResult, seconds: float) -> None:
-        self.runs.labels(language, result.status.value).inc()
-        self.latency.labels(language).observe(seconds)
 
 
 # ---- the app -------------------------------------------------------------------------------------------
@@ -402,6 +357,18 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             "queue_depth": pool.queue_depth,
         }
 
+    @app.get("/v1/load", tags=["ops"])
+    async def load() -> dict[str, Any]:
+        return {
+            "instance": pool.config.instance_name,
+            "slots": pool.config.slots,
+            "busy": pool.busy_slots,
+            "queue_depth": pool.queue_depth,
+            "max_queued": pool.config.max_queued,
+            "open_sessions": len(pool.sessions),
+            "warm": pool.warm_workers,
+        }
+
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
         usage = slot_usage()
@@ -429,6 +396,13 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
 
 def serve(host: str, port: int, spec: SandboxSpec, config: PoolConfig) -> None:
-    """Run the API with uvicorn until interrupted; the pool starts with the server and closes with it."""
+    """Run the API with uvicorn until interrupted; the pool starts with the server and closes with it.
+
+    A pool without an instance name takes `$MY_POD_NAME` (Kubernetes), else `HOST:PORT` (the machine's
+    host name when bound to every address)."""
+    if not config.instance_name:
+        address = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+        name = os.environ.get("MY_POD_NAME") or f"{address}:{port}"
+        config = dataclasses.replace(config, instance_name=name)
     app = create_app(SandboxPool(spec, config), manage_pool=True)
     uvicorn.run(app, host=host, port=port, lifespan="on", log_level="info")

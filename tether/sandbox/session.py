@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tether.errors import TetherError
 from tether.sandbox import protocol
+from tether.sandbox.pool_config import SESSION_SEPARATOR
 from tether.sandbox.protocol import RunRequest
 from tether.sandbox.result import RunResult
 from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
@@ -40,7 +41,11 @@ class SandboxSession:
         spec: SandboxSpec,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.id = f"s{uuid.uuid4().hex[:16]}"
+        # The worker's directory key, and the id callers use: prefixed by the pool's instance name, if
+        # any (`sandbox-0~s1f...`), so that whoever holds the id knows which instance holds the session.
+        self.dir_id = f"s{uuid.uuid4().hex[:16]}"
+        name = pool.config.instance_name
+        self.id = f"{name}{SESSION_SEPARATOR}{self.dir_id}" if name else self.dir_id
         self.pool = pool
         self.spec = spec
         self._worker: Worker | None = worker
@@ -69,7 +74,7 @@ class SandboxSession:
         spec: SandboxSpec | None = None,
     ) -> RunResult:
         request, compiled = self.pool.build_request(
-            code, language, stdin, files or {}, spec or self.spec, dir_id=self.id, keep_dir=True
+            code, language, stdin, files or {}, spec or self.spec, dir_id=self.dir_id, keep_dir=True
         )
         request.collect = [sandbox_path(path, "collect", self.pool.config.workdir) for path in collect]
         async with self._lock:
@@ -83,7 +88,7 @@ class SandboxSession:
 
     async def upload(self, files: Mapping[str, str | bytes]) -> None:
         request = RunRequest(
-            dir_id=self.id,
+            dir_id=self.dir_id,
             disk_mib=self.spec.disk_mib,
             files={
                 sandbox_path(name, "files", self.pool.config.workdir): protocol.b64encode(
@@ -103,7 +108,7 @@ class SandboxSession:
         """Read files from the session's working directory; missing ones raise FileNotFoundError."""
         checked = [sandbox_path(path, "paths", self.pool.config.workdir) for path in paths]
         async with self._lock:
-            files, missing = await self._require_worker().download(self.id, checked)
+            files, missing = await self._require_worker().download(self.dir_id, checked)
         if missing:
             raise FileNotFoundError(f"not in session {self.id}: {', '.join(missing)}")
         return {name: protocol.b64decode(data) for name, data in files.items()}
@@ -115,7 +120,7 @@ class SandboxSession:
             worker, self._worker = self._worker, None
             fingerprint = None
             try:
-                fingerprint = await worker.release(self.id)
+                fingerprint = await worker.release(self.dir_id)
             except (OSError, EOFError, RuntimeError):
                 fingerprint = None
             finally:  # also when cancelled mid-release: the worker goes back, discarded unless it is clean

@@ -16,7 +16,7 @@ from tether.errors import TetherError
 from tether.sandbox.result import RunResult, RunStatus
 
 if TYPE_CHECKING:
-    from tether.sandbox.session import SandboxSession
+    from tether.sandbox.interface import Session
 
 T = TypeVar("T")
 SNAPSHOT_NAME = ".tether-snapshot.tar"
@@ -54,12 +54,12 @@ async def _untimed(work: Awaitable[T]) -> T:
 class SandboxWorkspace:
     """A sandbox session's working directory; files persist between calls until the session closes."""
 
-    def __init__(self, session: SandboxSession, timed: Timer = _untimed) -> None:
+    def __init__(self, session: Session, timed: Timer = _untimed) -> None:
         self.session = session
         self._timed = timed
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
-        """`SandboxSession.run` (same keyword arguments), timed."""
+        """`Session.run` (same keyword arguments), timed."""
         return await self._timed(self.session.run(code, language=language, **kwargs))
 
     async def write_file(self, path: str, content: str) -> None:
