@@ -60,7 +60,10 @@ class SandboxSettings(BaseModel):
         description="Concurrent runs (one warm worker each).",
     )
     host_uid_base: int = Field(
-        1_000_000, ge=65536, description="Unprivileged host uid of the sandbox's root."
+        1_000_000,
+        ge=1,
+        description="Unprivileged host uid of the sandbox's root: at least 65536, except inside a user "
+        "namespace (a hostUsers: false pod maps only 0-65535, all unprivileged on the node).",
     )
     insecure: bool = Field(False, description="Start even if cgroups or seccomp are missing.")
     session_idle_timeout_s: float = Field(600.0, gt=0, description="Idle sessions are closed after this.")

@@ -185,7 +185,7 @@ def test_every_pod_lacks_credentials_and_has_limits(variant: str) -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_pod_names_its_instance_and_sets_only_real_settings(variant: str) -> None:
     env = {e["name"]: e for e in _pod(variant)["containers"][0]["env"]}
-    assert env["TETHER_SANDBOX_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["MY_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     for name in env:
         if name.startswith("TETHER_SANDBOX__"):
             model: Any = SandboxSettings

@@ -234,6 +234,17 @@ def prepare_layout(layout: CgroupLayout) -> None:
             _write(directory / "cgroup.subtree_control", wanted)
 
 
+def check_layout(layout: CgroupLayout, name: str) -> None:
+    """Create, limit, read and remove one group, raising the `OSError` of the first step that fails: a
+    hierarchy can exist and still be unusable (mounted read-only in a non-privileged container)."""
+    group = RunCgroup(layout, name)
+    try:
+        group.create(CgroupLimits(memory_bytes=64 * 1024 * 1024, pids_max=16, cpu_cores=1.0))
+        group.stats()
+    finally:
+        group.remove()
+
+
 def remove_stale_groups(layout: CgroupLayout) -> int:
     """Remove empty run groups left by pool processes that no longer exist (`<pid>-<n>` names)."""
     removed = 0

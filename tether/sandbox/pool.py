@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import os
 import time
@@ -25,6 +26,7 @@ from tether.sandbox.cgroups import (
     CgroupLayout,
     CgroupLimits,
     RunCgroup,
+    check_layout,
     prepare_layout,
     remove_stale_groups,
     system_layout,
@@ -41,6 +43,8 @@ from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
 from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
+
+logger = logging.getLogger(__name__)
 
 _GRACE_S = 10.0
 
@@ -122,16 +126,25 @@ class SandboxPool:
         )
 
     async def start(self) -> None:
-        self.layout = system_layout()
+        self.layout, problem = system_layout(), ""
         if self.layout is None:
+            problem = "no usable cgroup hierarchy with memory, pids and cpu controllers"
+        else:
+            try:
+                prepare_layout(self.layout)
+                check_layout(self.layout, f"{os.getpid()}-{self._token}-check")
+                remove_stale_groups(self.layout)
+            except OSError as error:
+                where = ", ".join(map(str, self.layout.directories))
+                problem = f"the cgroup hierarchy cannot hold per-run groups under {where} ({error})"
+                self.layout = None
+        if problem:
             if not self.config.insecure:
                 raise SandboxUnavailable(
-                    "no usable cgroup hierarchy with memory, pids and cpu controllers "
-                    "(see `tether sandbox doctor`); pass insecure=True / --insecure to run without cgroups"
+                    f"{problem} (see `tether sandbox doctor`); pass insecure=True / --insecure to run "
+                    "without per-run cgroups"
                 )
-        else:
-            prepare_layout(self.layout)
-            remove_stale_groups(self.layout)
+            logger.warning("sandbox pool runs without per-run cgroups: %s", problem)
         remove_stale_skeletons()
         try:
             bpf = compile_bpf()

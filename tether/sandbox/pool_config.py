@@ -36,6 +36,25 @@ DEFAULT_PRELOAD = (
 )
 DEFAULT_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+INITIAL_NAMESPACE_ID_FLOOR = 65536  # host ids below are the machine's own users and services
+
+
+def unprivileged_id_floor(uid_map: str) -> int:
+    """The lowest host id the sandbox may map its users onto, given this process's `/proc/self/uid_map`.
+
+    In the initial user namespace (the identity map) ids below 65536 are real users of the machine. Inside
+    a user namespace (a Kubernetes `hostUsers: false` pod, which sees only ids 0-65535), every id already
+    maps to an unprivileged id outside, so any id but 0 will do."""
+    identity = [line.split() for line in uid_map.splitlines() if line.strip()] == [["0", "0", "4294967295"]]
+    return INITIAL_NAMESPACE_ID_FLOOR if identity else 1
+
+
+def _own_uid_map() -> str:
+    try:
+        with open("/proc/self/uid_map") as handle:
+            return handle.read()
+    except OSError:  # no /proc: take the strict floor
+        return "0 0 4294967295\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +99,11 @@ class PoolConfig:
             raise ConfigError(
                 f"instance_name = {self.instance_name!r}: use 1-128 of letters, digits and . _ : -"
             )
-        if self.host_uid_base < 65536:
+        floor = unprivileged_id_floor(_own_uid_map())
+        if self.host_uid_base < floor:
+            where = "outside a user namespace" if floor > 1 else "inside this user namespace"
             raise ConfigError(
-                f"host_uid_base = {self.host_uid_base!r}: must be at least 65536 (unprivileged)"
+                f"host_uid_base = {self.host_uid_base!r}: must be at least {floor} {where} (unprivileged)"
             )
         reserved = (*FIXED_ROOTS, "/dev", "/proc", PROGRAM_DIR, STAGING, ALIAS_ROOT)
         normal = "/" + os.path.normpath(self.workdir).lstrip("/")  # '//tmp' is /tmp too
