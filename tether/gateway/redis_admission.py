@@ -7,14 +7,15 @@ lease_s / 3 while its request runs. One Lua script drops expired holders and adm
 uses Redis's clock (`TIME`), so the instances' clocks need not agree on it.
 
 Waiting: each instance keeps its own bounded queue (fast tier first, arrival order within a tier, each up
-to `queue_deadline_s`) and only its head competes. Competing heads of all instances are a second sorted
-set ordered by (priority, arrival), and a head is admitted only while its rank is below the number of free
-slots. Guaranteed: a freed slot goes to the best competing head of any instance, so a fast-tier request
-waiting anywhere goes before every standard one. Not guaranteed: arrival order across instances follows
-their wall clocks (FIFO within a tier is as good as their NTP); an instance's second waiter competes only
-once its head got in; a dead instance's head (or a waiter that stopped competing) keeps its place for at
-most one lease. A release publishes a notice that wakes the waiting instances at once; each also re-checks
-every `poll_s`, which bounds how late it sees a lost notice or an expired lease.
+to `queue_deadline_s`) and only its best waiters (up to `_BATCH`) compete, in one script per try. Competing
+waiters of all instances are a second sorted set ordered by (priority, arrival), and one is admitted only
+while its rank is below the number of free slots. Guaranteed: a freed slot goes to the best competing
+waiter of any instance, so a fast-tier request waiting anywhere goes before every standard one. Not
+guaranteed: arrival order across instances follows their wall clocks (FIFO within a tier is as good as
+their NTP); an instance's waiters beyond its best `_BATCH` compete only once those got in; a dead
+instance's competing waiters (and one that stopped competing) keep their places for at most one lease.
+A release publishes a notice that wakes the waiting instances at once; each also re-checks every
+`poll_s`, which bounds how late it sees a lost notice or an expired lease.
 
 Redis unreachable: `on_store_down = "refuse"` refuses with 503 + Retry-After naming the store; "local"
 admits against this instance's own `AdmissionQueue` (each instance up to `max_in_flight`). The store is
@@ -217,7 +218,7 @@ class RedisAdmission:
         if self._live_waiters() >= self.pool.max_queued:
             self._leave_heads(waiter)
             raise self._full()
-        # the same order as the heads' in Redis, so that this instance's best registered waiter is its head
+        # the heads' order in Redis, so that this instance's best registered waiters are the ones competing
         heapq.heappush(self._waiting, (-priority, member, waiter))
         if self._competitor is None or self._competitor.done():
             self._competitor = asyncio.create_task(self._compete_for_waiters())
