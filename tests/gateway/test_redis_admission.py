@@ -1,7 +1,8 @@
-"""Admission shared through Redis by several instances: together they never exceed a pool's max_in_flight,
-a fast-tier waiter on one instance goes before a standard one waiting longer on another, a holder killed
-with SIGKILL frees its slot after its lease, a release wakes another instance's waiter at once (measured),
-and an unreachable Redis is a clear refusal, or the local limit when configured so."""
+"""Admission shared through Redis by several instances: together they never exceed a pool's max_in_flight
+and clients that give up leave nothing behind, a fast-tier waiter on one instance goes before a standard
+one waiting longer on another, a holder killed with SIGKILL frees its slot after its lease, a release wakes
+another instance's waiter at once (measured), and an unreachable Redis is a clear refusal, or the local
+limit when configured so."""
 
 from __future__ import annotations
 
@@ -78,6 +79,43 @@ async def test_three_instances_never_exceed_the_pool_together(prefix: str) -> No
         assert peak == 4  # reached, never passed
         assert all(queue.in_flight == 0 and queue.depth == 0 for queue in instances)
     finally:
+        for queue in instances:
+            await queue.aclose()
+
+
+async def test_cancelled_and_timed_out_waiters_leave_no_slot_or_place_in_redis(prefix: str) -> None:
+    shared = SharedAdmission(url=REDIS_URL, prefix=prefix)
+    instances = [RedisAdmission("p", pool(max_in_flight=3, deadline_s=0.2), shared) for _ in range(3)]
+    outcomes: list[str] = []
+
+    async def request(queue: RedisAdmission) -> None:
+        try:  # clients that give up at random moments, waiting or not
+            await asyncio.wait_for(queue.acquire(random.choice([0, 10])), random.uniform(0, 0.3))
+        except TimeoutError:
+            outcomes.append("cancelled")
+            return
+        except AdmissionRefused:
+            outcomes.append("refused")
+            return
+        try:
+            await asyncio.sleep(random.uniform(0, 0.02))
+            outcomes.append("served")
+        finally:
+            queue.release()
+
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await asyncio.gather(*(request(instances[i % 3]) for i in range(150)))
+        assert {"served", "cancelled"} <= set(outcomes) and len(outcomes) == 150
+        deadline = time.monotonic() + 5
+        while await client.zcard(instances[0].holders_key) or await client.zcard(instances[0].heads_key):
+            assert time.monotonic() < deadline, "slots or places were left in Redis"
+            await asyncio.sleep(0.01)
+        for _ in range(3):  # every slot is free again
+            await asyncio.wait_for(instances[0].acquire(0), 1)
+        assert all(queue.in_flight == 0 for queue in instances[1:]) and instances[0].in_flight == 3
+    finally:
+        await client.aclose()
         for queue in instances:
             await queue.aclose()
 

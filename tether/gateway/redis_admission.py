@@ -159,6 +159,7 @@ class RedisAdmission:
     """Acquire scripts running: while one is, new arrivals queue (one try at a time, besides the head's)."""
     _down_until: float = field(init=False, default=float("-inf"))
     _down_reason: str = field(init=False, default="")
+    _closing: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.max_in_flight = self.pool.max_in_flight
@@ -251,10 +252,13 @@ class RedisAdmission:
         self._spawn(self._leave([self.holders_key], token))
 
     async def aclose(self) -> None:
+        # the loops also stop on this flag: redis-py can swallow a cancellation inside `get_message`
+        self._closing = True
         running = [*self._background, *([self._competitor] if self._competitor else [])]
         for task in running:
             task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        if running:
+            await asyncio.wait(running, timeout=_SOCKET_TIMEOUT_S)
         for _, _, waiter in self._waiting:
             if not waiter.future.done():
                 waiter.future.set_exception(AdmissionRefused("the gateway is shutting down; retry", 1.0))
@@ -302,7 +306,7 @@ class RedisAdmission:
 
     async def _compete_for_waiters(self) -> None:
         """Compete with this instance's best waiters until none is left."""
-        while batch := self._best(min(_BATCH, self.max_in_flight)):
+        while not self._closing and (batch := self._best(min(_BATCH, self.max_in_flight))):
             self._wake.clear()
             try:
                 tokens = await self._compete(batch)
@@ -356,7 +360,7 @@ class RedisAdmission:
             ]
 
     async def _renew_forever(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.shared.lease_s / 3)
             if not self._tokens:
                 continue
@@ -376,11 +380,11 @@ class RedisAdmission:
 
     async def _listen_forever(self) -> None:
         """Wake the competing waiter on every release notice; reconnect (polling meanwhile) when cut."""
-        while True:
+        while not self._closing:
             try:
                 async with self._client.pubsub() as pubsub:
                     await pubsub.subscribe(self._channel)
-                    while True:
+                    while not self._closing:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message is not None:
                             self._wake.set()
