@@ -108,3 +108,39 @@ def test_the_readme_example_is_a_valid_config(tmp_path: Path) -> None:
     assert (
         config.pool_for("chat", Tier.FAST) == "large-fast" and config.upstream_model("chat") == "Qwen3-1.7B"
     )
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('url = "cache:6379"', "'cache:6379': expected a Redis URL like redis://cache:6379/0"),
+        ('url = "http://cache:6379/0"', "expected a Redis URL"),
+        ('url = "redis://:6379/0"', "expected a Redis URL"),
+        ('url = "redis://cache:port/0"', "expected a Redis URL"),
+        ('url = "redis://cache:6379/zero"', "expected a Redis URL"),
+        ('url = "redis://cache"\nlease_s = 0', r"shared_admission.lease_s = 0: .*must be > 0 seconds"),
+        ('url = "redis://cache"\nlease_s = -1.5', r"shared_admission.lease_s = -1.5: .*must be > 0 seconds"),
+        ('url = "redis://cache"\npoll_s = 0', r"shared_admission.poll_s = 0: .*must be > 0 seconds"),
+        ('url = "redis://cache"\npoll_s = 5', r"poll_s = 5.0 must be below lease_s / 3 = 3.33333"),
+        ('url = "redis://cache"\non_store_down = "open"', r"on_store_down = 'open': .*'refuse' or 'local'"),
+        ("lease_s = 5", "shared_admission.url"),
+        ('url = "redis://cache"\nleases = 5', "unknown key"),
+    ],
+)
+def test_bad_shared_admission_settings_are_named(tmp_path: Path, table: str, message: str) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"[shared_admission]\n{table}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_gateway_config(path)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://cache", "redis://u:p@cache:6380/2", "rediss://cache/0", "unix:///r.sock"]
+)
+def test_shared_admission_takes_redis_urls(tmp_path: Path, url: str) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[shared_admission]\nurl = "{url}"\nlease_s = 3\non_store_down = "local"\n')
+    shared = load_gateway_config(path).shared_admission
+    assert (
+        shared is not None and shared.url == url and shared.lease_s == 3 and shared.on_store_down == "local"
+    )

@@ -1,6 +1,9 @@
 """Peak smoothing: at most `max_in_flight` requests reach a pool at once; the rest wait in a bounded
 queue, highest priority (the fast tier) first and in arrival order within a priority, each up to a
-deadline. A full queue or a missed deadline is a refusal the caller turns into 503 + Retry-After."""
+deadline. A full queue or a missed deadline is a refusal the caller turns into 503 + Retry-After.
+
+`AdmissionQueue` counts in this process; `redis_admission.RedisAdmission` counts across gateway instances
+(`shared_admission` in the config). Both are an `Admission`."""
 
 from __future__ import annotations
 
@@ -9,16 +12,56 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Protocol
 
 from tether.errors import TetherError
 
+if TYPE_CHECKING:
+    from tether.gateway.config import GatewayConfig
+
 
 class AdmissionRefused(TetherError):
-    """The pool is saturated: the queue is full, or the wait passed its deadline."""
+    """The pool is saturated: the queue is full, or the wait passed its deadline (or, with shared
+    admission, the store that counts the slots is unreachable)."""
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, retry_after_s: float, code: str = "queue_full") -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.code = retry_after_s, code
+
+
+class Admission(Protocol):
+    """One pool's admission: `acquire` a slot (or raise `AdmissionRefused`), `release` it when done."""
+
+    name: str
+    max_in_flight: int
+
+    @property
+    def in_flight(self) -> int:
+        """Slots this instance holds."""
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting in this instance."""
+
+    async def acquire(self, priority: int) -> None: ...
+
+    def release(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_admissions(config: GatewayConfig) -> dict[str, Admission]:
+    """Each pool's admission, shared through Redis when `shared_admission` is set. Nothing connects until
+    first used; the Redis client is imported only when configured."""
+    shared = config.shared_admission
+    if shared is None:
+        return {
+            name: AdmissionQueue(name, pool.max_in_flight, pool.max_queued, pool.queue_deadline_s)
+            for name, pool in config.pools.items()
+        }
+    from tether.gateway.redis_admission import RedisAdmission
+
+    return {name: RedisAdmission(name, pool, shared) for name, pool in config.pools.items()}
 
 
 class AdmissionQueue:
@@ -78,3 +121,6 @@ class AdmissionQueue:
                 return
         self.in_flight -= 1
         assert self.in_flight >= 0
+
+    async def aclose(self) -> None:
+        """Nothing to close: the count lives in this process."""

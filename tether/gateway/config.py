@@ -12,6 +12,7 @@ from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -89,6 +90,70 @@ class Pool(_Strict):
         return urls
 
 
+class StoreDown(StrEnum):
+    """What admission does while its shared store cannot be reached."""
+
+    REFUSE = "refuse"
+    """503 + Retry-After naming the store: the pools' limits hold, no request gets through."""
+    LOCAL = "local"
+    """Admit against this instance's own count: each instance may send a pool its max_in_flight."""
+
+
+class SharedAdmission(_Strict):
+    """Admission counted in Redis across gateway instances: each pool's `max_in_flight` holds for all of
+    them together. A slot is a lease, renewed while its request runs: an instance that dies holds its
+    slots at most `lease_s` longer."""
+
+    url: str
+    """Redis, e.g. redis://cache:6379/0 (rediss:// for TLS, unix:///path.sock)."""
+    prefix: str = "tether:gw:admission:"
+    lease_s: float = 10.0
+    """How long a slot outlives its holder's last renewal (renewed every lease_s / 3)."""
+    poll_s: float = 0.25
+    """How often a waiting instance re-checks without a release notice (a lost notice, an expired lease)."""
+    on_store_down: StoreDown = StoreDown.REFUSE
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme == "unix" and parts.path:
+            return url
+        database = parts.path.strip("/")
+        try:
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:  # not a number, or out of range
+            port_ok = False
+        if (
+            parts.scheme not in ("redis", "rediss")
+            or not parts.hostname
+            or not port_ok
+            or not (database == "" or database.isdigit())
+        ):
+            raise ValueError(
+                f"{url!r}: expected a Redis URL like redis://cache:6379/0 (redis://HOST[:PORT][/DB], "
+                "rediss:// for TLS, or unix:///path/to/redis.sock)"
+            )
+        return url
+
+    @field_validator("lease_s", "poll_s")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"must be > 0 seconds, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _poll_within_lease(self) -> SharedAdmission:
+        # a waiting instance's place in the shared queue is a lease too, renewed at each poll
+        if self.poll_s >= self.lease_s / 3:
+            raise ValueError(
+                f"poll_s = {self.poll_s} must be below lease_s / 3 = {self.lease_s / 3:g}, "
+                "or a waiting instance would lose its place between polls"
+            )
+        return self
+
+
 class ReservationEstimate(_Strict):
     """How many tokens a request may use, reserved before it runs. With byte-level BPE tokenizers a token
     covers at least one byte, so prompt UTF-8 bytes bound the prompt tokens; the template adds a few."""
@@ -128,6 +193,8 @@ class GatewayConfig(_Strict):
     redis_url: str | None = None
     """Shared limits for several gateway instances; None keeps them in this process."""
     redis_prefix: str = "tether:gw:"
+    shared_admission: SharedAdmission | None = None
+    """Count the pools' `max_in_flight` across gateway instances in Redis; None counts in this process."""
     key_cache_s: float = Field(5.0, ge=0)
     """How long a looked-up key is trusted; a revocation reaches running gateways within this time."""
     upstream_timeout_s: float = Field(600.0, gt=0)

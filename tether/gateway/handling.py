@@ -23,7 +23,7 @@ from decimal import Decimal
 from fastapi.responses import Response
 
 from tether.chat.completion import BadUsage, Usage
-from tether.gateway.admission import AdmissionQueue, AdmissionRefused
+from tether.gateway.admission import Admission, AdmissionRefused, open_admissions
 from tether.gateway.admitted import Admitted
 from tether.gateway.asgi import ClientGone, Receive, Scope, Send, WholeJson, authorization, read_body
 from tether.gateway.config import GatewayConfig
@@ -66,16 +66,13 @@ class Gateway:
     upstream: Upstream
     clock: Callable[[], float] = time.time
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
-    queues: dict[str, AdmissionQueue] = field(init=False)
+    queues: dict[str, Admission] = field(init=False)
     writer: LedgerWriter = field(init=False)
     _key_cache: dict[str, tuple[ApiKey, float]] = field(init=False, default_factory=dict)
     _targets: dict[tuple[str, Kind], itertools.cycle[Target]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.queues = {
-            name: AdmissionQueue(name, pool.max_in_flight, pool.max_queued, pool.queue_deadline_s)
-            for name, pool in self.config.pools.items()
-        }
+        self.queues = open_admissions(self.config)
         # URLs parsed and request heads encoded once: per request they were a measurable share of its cost
         self._targets = {
             (name, kind): itertools.cycle([Target.parse(url.rstrip("/") + PATHS[kind]) for url in pool.urls])
@@ -90,6 +87,8 @@ class Gateway:
         await self.writer.close()
         await self.upstream.aclose()
         await self.limits.close()
+        for queue in self.queues.values():
+            await queue.aclose()
         self.keys.engine.dispose()
 
     # authentication
@@ -236,7 +235,7 @@ class Gateway:
         except AdmissionRefused as error:
             await self.release(admitted)
             raise GatewayError(
-                503, str(error), "queue_full", "server_error", retry_after_s=error.retry_after_s
+                503, str(error), error.code, "server_error", retry_after_s=error.retry_after_s
             ) from None
         except BaseException:
             await self.release(admitted)

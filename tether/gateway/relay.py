@@ -15,7 +15,7 @@ from decimal import Decimal
 from fastapi.responses import StreamingResponse
 
 from tether.chat.completion import BadUsage, Usage
-from tether.gateway.admission import AdmissionQueue
+from tether.gateway.admission import Admission
 from tether.gateway.admitted import Admitted
 from tether.gateway.errors import ledger_unavailable
 from tether.gateway.metrics import GatewayMetrics
@@ -30,7 +30,7 @@ QueueCharge = Callable[[Admitted, Usage], tuple[asyncio.Future[bool], Decimal]]
 async def stream_response(
     admitted: Admitted,
     upstream: UpstreamResponse,
-    queue: AdmissionQueue,
+    queue: Admission,
     queue_charge: QueueCharge,
     metrics: GatewayMetrics,
 ) -> StreamingResponse:
@@ -63,7 +63,7 @@ async def _prepend(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIter
 async def _relay(
     admitted: Admitted,
     upstream: UpstreamResponse,
-    queue: AdmissionQueue,
+    queue: Admission,
     queue_charge: QueueCharge,
     metrics: GatewayMetrics,
 ) -> AsyncGenerator[bytes, None]:
