@@ -14,8 +14,9 @@ from starlette.routing import Route
 
 from tether.gateway.asgi import Receive, Scope, Send
 from tether.gateway.errors import GatewayError
-from tether.gateway.handling import PATHS, Gateway
+from tether.gateway.handling import Gateway
 from tether.gateway.plan import Kind
+from tether.gateway.replicas import PATHS
 
 _ROUTES: dict[str, Kind] = {path: kind for kind, path in PATHS.items()}
 
