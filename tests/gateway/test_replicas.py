@@ -225,6 +225,13 @@ async def test_a_chat_through_the_gateway_succeeds_on_another_replica(
             )
             assert reply.usage is not None and reply.usage.completion_tokens >= 1
             assert _routed(served, "failover") == 1
+            if failure == "refused":  # the health checks take it out within a few seconds
+                async with asyncio.timeout(10):
+                    while (await served.http.get("/healthz")).json()["replicas"]["engine"] != {
+                        "healthy": 1,
+                        "total": 2,
+                    }:
+                        await asyncio.sleep(0.1)
     assert posts == ([] if failure == "refused" else ["/v1/chat/completions"])
 
 

@@ -73,7 +73,15 @@ def create_gateway_app(gateway: Gateway) -> GatewayApp:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "queues": {name: q.depth for name, q in gateway.queues.items()}}
+        replicas = {
+            name: {"healthy": pool.healthy, "total": len(pool.router.replicas)}
+            for name, pool in gateway.replicas.items()
+        }
+        return {
+            "status": "ok",
+            "queues": {name: q.depth for name, q in gateway.queues.items()},
+            "replicas": replicas,
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:

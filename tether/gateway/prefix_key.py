@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,9 @@ class PrefixKeys:
         self.prefix_blocks = prefix_tokens // block_size
         self.prefix_bytes = prefix_tokens * _BYTES_PER_TOKEN
         self.tokenizer = tokenizer
+        # transformers' fast tokenizers set their truncation state on every call ("Already borrowed"
+        # when two threads encode at once): keys are computed off the loop, one at a time
+        self._lock = threading.Lock()
         self.template: ChatTemplate | None = None
         if tokenizer is not None:
             try:
@@ -92,15 +96,24 @@ class PrefixKeys:
 
     def key(self, kind: Kind, body: dict[str, Any]) -> bytes | None:
         """The request's prefix key, or None when it has none (too short, or not renderable)."""
+        if self.tokenizer is None:
+            return self._key(kind, body)
+        with self._lock:
+            return self._key(kind, body)
+
+    def _key(self, kind: Kind, body: dict[str, Any]) -> bytes | None:
         if kind == "text":
             prompt = body.get("prompt")
             if isinstance(prompt, list) and _is_token_ids(prompt):
                 return self.of_tokens(prompt)
             if not isinstance(prompt, str):
                 return None
-            if self.tokenizer is not None:
+            if self.tokenizer is None:
+                return self.of_text(prompt)
+            try:
                 return self.of_tokens([int(i) for i in self.tokenizer.encode(prompt)])
-            return self.of_text(prompt)
+            except Exception:  # the engine will refuse it with the reason; here it only has no key
+                return None
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             return None
