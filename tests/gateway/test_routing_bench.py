@@ -33,11 +33,15 @@ KEYS = {
 def test_prefix_routing_caches_more_than_round_robin_and_a_killed_replica_fails_no_request(
     tiny_path: Path,
 ) -> None:
-    config = RoutingBenchConfig(tiny_path, prompts=6, requests_per_prompt=5, kill_requests_per_prompt=4)
+    # two replicas, not the figure's three: each phase starts its replicas afresh, and starting is most of
+    # this test's time
+    config = RoutingBenchConfig(
+        tiny_path, prompts=6, requests_per_prompt=5, replicas=2, kill_requests_per_prompt=4
+    )
     result = run_routing_bench(config).as_dict()
     assert set(result) >= KEYS
     assert result["prompt_tokens_min"] >= 1024
-    assert 2.5 < result["kv_prefixes_per_replica"] < 4.5  # about half of the 6 prompts
+    assert 2.5 < result["kv_prefixes_per_replica"] < 4.5
     assert result["failed_requests_prefix"] == result["failed_requests_round_robin"] == 0
     assert result["cached_share_prefix"] > result["cached_share_round_robin"]
     assert result["failed_requests_after_kill"] == 0
