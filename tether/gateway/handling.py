@@ -1,10 +1,10 @@
 """The gateway's request handling (`Gateway`): authenticate, plan, reserve limits, wait for a pool slot,
 commit a durable reservation, forward to an engine replica through one shared `Upstream` (the replica
 chosen by the request's prefix key and failed over before any byte reached the client: `replicas.py`,
-`routing.py`, `prefix_key.py`), then price the reported
-usage and commit its charge before the response completes: a whole answer is sent only after its charge is
-committed, a stream (relayed by `relay.py`) ends only after it. A request whose charge cannot be recorded is
-not served (503, or an error event ending the stream).
+`routing.py`, `prefix_key.py`), then price the reported usage and commit its charge before the response
+completes: a whole answer is sent only after its charge is committed, a stream (relayed by `relay.py`)
+ends only after it. A request whose charge cannot be recorded is not served (503, or an error event ending
+the stream).
 
 It tokenizes only to route (a prompt's leading blocks) and inspects completions only for the `usage`
 object; the engine stays the authority on tokens and the ledger on money. The HTTP routes around it are
