@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import err_console, fail, print_json, user_errors
+from tether.cli.common import CacheDirOption, cache_root, err_console, fail, print_json, user_errors
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, Limits, Tier, load_gateway_config
 
@@ -267,21 +267,63 @@ def usage_command(
 
 @app.command("bench")
 def bench_command(
+    ctx: typer.Context,
     requests: Annotated[int, typer.Option("--requests", help="Sequential requests per path.")] = 400,
     duration_s: Annotated[float, typer.Option("--duration-s", help="Length of the throughput phase.")] = 5.0,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Clients in the throughput phase.")] = 32,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", min=1, help="Clients at once (throughput phase: 32; --routing: 8)."),
+    ] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured requests first.")] = 50,
     as_json: JsonOption = False,
+    routing: Annotated[
+        bool,
+        typer.Option(
+            "--routing",
+            help="Instead: prefix-aware routing vs round-robin over real `tether serve` replicas, and a "
+            "replica killed mid-run.",
+        ),
+    ] = False,
+    model: Annotated[
+        str, typer.Option("--model", help="--routing: a registered model or a model folder.")
+    ] = "smollm2-135m-instruct",
+    prompts: Annotated[int, typer.Option("--prompts", help="--routing: distinct system prompts.")] = 8,
+    requests_per_prompt: Annotated[
+        int, typer.Option("--requests-per-prompt", help="--routing: requests per system prompt.")
+    ] = 50,
+    replicas: Annotated[int, typer.Option("--replicas", help="--routing: engine replicas.")] = 3,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="--routing: tokens per system prompt, at least.")
+    ] = 1100,
+    cache_dir: CacheDirOption = None,
 ) -> None:
-    """Added latency versus calling the upstream directly (p50, p99) and max requests/s, in one run."""
+    """Added latency versus calling the upstream directly (p50, p99) and max requests/s, in one run;
+    with --routing, prefix-aware routing against round-robin over engine replicas."""
     with user_errors():
-        from tether.gateway.bench import BenchConfig, run_bench
+        if routing:
+            from tether.gateway.routing_bench import RoutingBenchConfig, run_routing_bench
+            from tether.models.loader import resolve
 
-        result = run_bench(BenchConfig(requests, duration_s, concurrency, warmup)).as_dict()
+            folder = resolve(model, cache_root(ctx, cache_dir))
+            routing_config = RoutingBenchConfig(
+                folder,
+                prompts=prompts,
+                requests_per_prompt=requests_per_prompt,
+                replicas=replicas,
+                prompt_tokens=prompt_tokens,
+                concurrency=concurrency or 8,
+            )
+            result = run_routing_bench(routing_config).as_dict()
+            title = f"gateway bench --routing ({folder.name}, {replicas} replicas)"
+        else:
+            from tether.gateway.bench import BenchConfig, run_bench
+
+            result = run_bench(BenchConfig(requests, duration_s, concurrency or 32, warmup)).as_dict()
+            title = "gateway bench (instant upstream)"
     if as_json:
         print_json(result)
         return
-    table = Table(title="gateway bench (instant upstream)")
+    table = Table(title=title)
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():

@@ -1,6 +1,7 @@
 """The inference engine: sequences, paged KV blocks with prefix caching, a continuous-batching scheduler."""
 
-from tether.engine.block_manager import BlockCopy, BlockManager, BlockManagerStats, hash_block, slot_mapping
+from tether.block_hash import hash_block
+from tether.engine.block_manager import BlockCopy, BlockManager, BlockManagerStats, slot_mapping
 from tether.engine.config import EngineConfig, PreemptionMode
 from tether.engine.scheduler import RequestError, ScheduledChunk, Scheduler, SchedulerOutput
 from tether.engine.sequence import FinishReason, Sequence, SequenceStatus

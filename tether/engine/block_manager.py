@@ -4,36 +4,26 @@ Plain Python over block ids: it never touches tensors (the model runner owns the
 the block copies returned here) and knows nothing about tokenization or scheduling policy.
 
 Prefix cache: a full block whose KV has been computed is keyed by a chained hash of its whole token
-prefix, blake2b-128 over the parent block's hash and this block's token ids. The hash is stable across
-processes (it may serve prefix-aware routing); a collision would need about 2**64 work, and a hit also
-compares the block's token ids, so a cached block is only reused for the same prefix. Blocks nobody
+prefix (`tether.block_hash`: blake2b-128 over the parent block's hash and this block's token ids). The
+hash is stable across processes (the gateway's prefix-aware routing computes the same keys); a collision
+would need about 2**64 work, and a hit also compares the block's token ids, so a cached block is only
+reused for the same prefix. Blocks nobody
 references keep their KV and stay findable in an LRU pool until a fresh block is needed and the free
 list is empty.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from tether.block_hash import BlockHash, hash_block
 from tether.engine.config import EngineConfig
 from tether.engine.sequence import Sequence
 
-BlockHash = bytes
 BlockCopy = tuple[int, int]
 """(source block id, destination block id): copy the source's KV into the destination before the step."""
-
-
-def hash_block(parent: BlockHash | None, token_ids: Seq[int]) -> BlockHash:
-    """The prefix-cache key of a full block: its tokens chained to the hash of the block before it."""
-    digest = hashlib.blake2b(digest_size=16)
-    if parent is not None:
-        digest.update(parent)
-    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return digest.digest()
 
 
 def slot_mapping(block_table: Seq[int], block_size: int, start: int, num_tokens: int) -> list[int]:

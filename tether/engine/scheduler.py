@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from tether.engine.block_manager import BlockCopy, BlockHash, BlockManager, slot_mapping
+from tether.block_hash import BlockHash
+from tether.engine.block_manager import BlockCopy, BlockManager, slot_mapping
 from tether.engine.config import EngineConfig
 from tether.engine.sequence import FinishReason, Sequence, SequenceStatus
 from tether.errors import TetherError

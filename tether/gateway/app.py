@@ -14,8 +14,9 @@ from starlette.routing import Route
 
 from tether.gateway.asgi import Receive, Scope, Send
 from tether.gateway.errors import GatewayError
-from tether.gateway.handling import PATHS, Gateway
+from tether.gateway.handling import Gateway
 from tether.gateway.plan import Kind
+from tether.gateway.replicas import PATHS
 
 _ROUTES: dict[str, Kind] = {path: kind for kind, path in PATHS.items()}
 
@@ -72,7 +73,15 @@ def create_gateway_app(gateway: Gateway) -> GatewayApp:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "queues": {name: q.depth for name, q in gateway.queues.items()}}
+        replicas = {
+            name: {"healthy": pool.healthy, "total": len(pool.router.replicas)}
+            for name, pool in gateway.replicas.items()
+        }
+        return {
+            "status": "ok",
+            "queues": {name: q.depth for name, q in gateway.queues.items()},
+            "replicas": replicas,
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:

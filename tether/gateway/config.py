@@ -66,8 +66,19 @@ class Limits(_Strict):
     budget_period_s: float = Field(30 * 86400.0, gt=0)
 
 
+class Routing(StrEnum):
+    """How a pool picks the replica for a request (`gateway/routing.py`)."""
+
+    PREFIX = "prefix"
+    """Consistent hashing with bounded load on the request's prefix key; least-loaded when it has none."""
+    LEAST_LOADED = "least_loaded"
+    ROUND_ROBIN = "round_robin"
+
+
 class Pool(_Strict):
-    """Engines serving the same models; requests go round-robin over `urls`."""
+    """Engine replicas serving the same models. Each request goes to one healthy replica chosen by
+    `routing`; one whose connection fails or that answers 5xx before anything reached the client is
+    retried on another, up to `max_attempts` replicas."""
 
     urls: list[str] = Field(min_length=1)
     max_in_flight: int = Field(64, ge=1)
@@ -78,6 +89,29 @@ class Pool(_Strict):
     """Longest wait in the queue before a 503."""
     send_priority: bool = True
     """Send the tier's `priority` extension (tether's engine honours it; strict OpenAI servers may not)."""
+    routing: Routing = Routing.PREFIX
+    tokenizer: str | None = None
+    """A model folder with the engines' tokenizer and chat template: prefix keys are then the engine's own
+    block hashes of the rendered prompt. Without it a key hashes the prompt's leading text."""
+    block_size: int = Field(16, ge=1)
+    """The engines' KV block size in tokens (`tether serve` uses 16)."""
+    route_prefix_tokens: int = Field(256, ge=1)
+    """Tokens of the prompt's start that make its prefix key: requests sharing them share a replica."""
+    load_factor: float = Field(2.0, ge=1.0, le=100.0)
+    """Bounded load's c: no replica takes a request while it runs more than c times the average. An engine
+    batches the requests it runs, and a request sent away from its prefix pays a whole prefill, so the
+    default tolerates more imbalance than web balancers do (HAProxy's 1.25)."""
+    virtual_nodes: int = Field(64, ge=1, le=4096)
+    """Points per replica on the hash ring."""
+    health_path: str | None = "/healthz"
+    """GET on each replica every `health_interval_s`; None turns health checks off."""
+    health_interval_s: float = Field(1.0, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+    unhealthy_after: int = Field(2, ge=1)
+    """Consecutive failures (checks or refused connections) that take a replica out; one success brings
+    it back."""
+    max_attempts: int = Field(3, ge=1)
+    """Replicas one request may be sent to before its failure is the client's answer."""
 
     @field_validator("urls")
     @classmethod
@@ -87,7 +121,39 @@ class Pool(_Strict):
                 raise ValueError(
                     f"{url!r}: expected an engine's base URL like http://10.0.0.1:8000 (no path)"
                 )
+        seen = [url.rstrip("/") for url in urls]
+        twice = sorted({url for url in seen if seen.count(url) > 1})
+        if twice:
+            raise ValueError(f"{twice}: each replica once; a URL listed twice is one replica")
         return urls
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_folder(cls, folder: str | None) -> str | None:
+        if folder is None:
+            return None
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"{folder!r}: no such folder; expected a model folder holding tokenizer.json")
+        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise ValueError(f"{folder!r}: no tokenizer.json or tokenizer_config.json in this folder")
+        return str(path)
+
+    @model_validator(mode="after")
+    def _whole_blocks(self) -> Pool:
+        if self.route_prefix_tokens < self.block_size:
+            raise ValueError(
+                f"route_prefix_tokens = {self.route_prefix_tokens}: expected at least block_size "
+                f"({self.block_size}): a key names whole KV blocks"
+            )
+        return self
+
+    @field_validator("health_path")
+    @classmethod
+    def _path(cls, path: str | None) -> str | None:
+        if path is not None and not path.startswith("/"):
+            raise ValueError(f"{path!r}: expected a path starting with / (like /healthz)")
+        return path
 
 
 class StoreDown(StrEnum):

@@ -1,17 +1,19 @@
 """The gateway's request handling (`Gateway`): authenticate, plan, reserve limits, wait for a pool slot,
-commit a durable reservation, forward to an engine through one shared `Upstream`, then price the reported
-usage and commit its charge before the response completes: a whole answer is sent only after its charge is
-committed, a stream (relayed by `relay.py`) ends only after it. A request whose charge cannot be recorded is
-not served (503, or an error event ending the stream).
+commit a durable reservation, forward to an engine replica through one shared `Upstream` (the replica
+chosen by the request's prefix key and failed over before any byte reached the client: `replicas.py`,
+`routing.py`, `prefix_key.py`), then price the reported usage and commit its charge before the response
+completes: a whole answer is sent only after its charge is committed, a stream (relayed by `relay.py`)
+ends only after it. A request whose charge cannot be recorded is not served (503, or an error event ending
+the stream).
 
-It does not tokenize or inspect completions beyond the `usage` object; the engine stays the authority on
-tokens and the ledger on money. The HTTP routes around it are `app.py`'s.
+It tokenizes only to route (a prompt's leading blocks) and inspects completions only for the `usage`
+object; the engine stays the authority on tokens and the ledger on money. The HTTP routes around it are
+`app.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import time
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from fastapi.responses import Response
 
@@ -33,18 +36,18 @@ from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.limits import LimitKind, LimitStore, counters_for
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.plan import Kind, RequestPlan, parse_body, plan_request
+from tether.gateway.prefix_key import PrefixKeys
 from tether.gateway.pricing import cost_usd, to_nano_usd
 from tether.gateway.refusals import refusal_error
 from tether.gateway.relay import stream_response
-from tether.gateway.upstream import Target, Upstream, UpstreamError
+from tether.gateway.replicas import ReplicaPool, Whole
+from tether.gateway.upstream import Upstream, UpstreamError
 from tether.gateway.writer import LedgerWriter
 
 logger = logging.getLogger(__name__)
 
 
 _KEY_CACHE_SIZE = 100_000
-PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
-"""Each completion kind's path, on the gateway and on its engines alike."""
 
 
 def _is_openai_error(content: bytes) -> bool:
@@ -69,21 +72,28 @@ class Gateway:
     queues: dict[str, Admission] = field(init=False)
     writer: LedgerWriter = field(init=False)
     _key_cache: dict[str, tuple[ApiKey, float]] = field(init=False, default_factory=dict)
-    _targets: dict[tuple[str, Kind], itertools.cycle[Target]] = field(init=False)
+    replicas: dict[str, ReplicaPool] = field(init=False)
+    prefix_keys: dict[str, PrefixKeys] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queues = open_admissions(self.config)
-        # URLs parsed and request heads encoded once: per request they were a measurable share of its cost
-        self._targets = {
-            (name, kind): itertools.cycle([Target.parse(url.rstrip("/") + PATHS[kind]) for url in pool.urls])
+        self.replicas = {
+            name: ReplicaPool(name, pool, self.upstream, self.metrics)
             for name, pool in self.config.pools.items()
-            for kind in PATHS
         }
+        self.prefix_keys = {name: PrefixKeys.for_pool(name, pool) for name, pool in self.config.pools.items()}
         self.writer = LedgerWriter(
             self.ledger, on_failure=self.metrics.errors.labels("ledger_write_failed").inc
         )
 
+    def start(self) -> None:
+        """Start the pools' health checks in the running loop (the first request does it otherwise)."""
+        for pool in self.replicas.values():
+            pool.start_health_checks()
+
     async def aclose(self) -> None:
+        for pool in self.replicas.values():
+            await pool.aclose()
         await self.writer.close()
         await self.upstream.aclose()
         await self.limits.close()
@@ -227,7 +237,8 @@ class Gateway:
     ) -> WholeJson | Response:
         key = await self.authenticate(authorization)
         labels[0] = key.tier.value
-        plan = plan_request(kind, parse_body(await read_body(receive)), key.tier, self.config)
+        body = parse_body(await read_body(receive))
+        plan = plan_request(kind, body, key.tier, self.config)
         admitted = await self.admit(key, plan)
         queue = self.queues[plan.pool]
         try:
@@ -243,13 +254,12 @@ class Gateway:
         handed_over = False
         try:
             await self.reserve_durably(admitted)
-            upstream = await self.upstream.post(next(self._targets[plan.pool, plan.kind]), plan.upstream_body)
-            if upstream.status_code != 200 or not plan.stream:
-                try:
-                    content = await upstream.aread()
-                finally:
-                    await upstream.aclose()
-                return await self._whole(admitted, upstream.status_code, content)
+            # routed only once admitted: the fast tier's place in the queue decides when, the prefix where
+            upstream = await self.replicas[plan.pool].send(
+                plan.kind, plan.upstream_body, await self.prefix_key(plan, body), plan.stream
+            )
+            if isinstance(upstream, Whole):
+                return await self._whole(admitted, upstream.status_code, upstream.content)
             handed_over = True  # from here the relay owns the slot, the reservation and the upstream response
             return await stream_response(admitted, upstream, queue, self.queue_charge, self.metrics)
         except UpstreamError as error:
@@ -260,6 +270,12 @@ class Gateway:
             if not handed_over:
                 queue.release()
                 await self.release(admitted)  # a no-op once charged
+
+    async def prefix_key(self, plan: RequestPlan, body: dict[str, Any]) -> bytes | None:
+        keys = self.prefix_keys[plan.pool]
+        if keys.tokenizes:  # rendering and tokenizing a long prompt would hold up the loop
+            return await asyncio.to_thread(keys.key, plan.kind, body)
+        return keys.key(plan.kind, body)
 
     async def _whole(self, admitted: Admitted, status: int, content: bytes) -> WholeJson:
         tier = admitted.plan.tier.value

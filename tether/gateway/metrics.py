@@ -66,9 +66,38 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "tether_gateway_in_flight", "Requests running in a pool.", ["pool"], registry=r
         )
+        self.replica_up = Gauge(
+            "tether_gateway_replica_up",
+            "1 while a pool's replica passes its health checks, else 0.",
+            ["pool", "replica"],
+            registry=r,
+        )
+        self.replica_in_flight = Gauge(
+            "tether_gateway_replica_in_flight",
+            "Requests running on a pool's replica.",
+            ["pool", "replica"],
+            registry=r,
+        )
+        self.routed = Counter(
+            "tether_gateway_routed",
+            "Requests sent to a replica, by why it was chosen (prefix, spill, least_loaded, round_robin, "
+            "failover).",
+            ["pool", "by"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "tether_gateway_retries",
+            "Requests sent again to another replica before any byte reached the client, by the reason.",
+            ["pool", "reason"],
+            registry=r,
+        )
         self.requests_by = Labelled(self.requests)
         self.latency_by = Labelled(self.latency)
         self.ttft_by = Labelled(self.ttft)
         self.errors_by = Labelled(self.errors)
         self.tokens_by = Labelled(self.tokens)
         self.cost_by = Labelled(self.cost)
+        self.replica_up_by = Labelled(self.replica_up)
+        self.replica_in_flight_by = Labelled(self.replica_in_flight)
+        self.routed_by = Labelled(self.routed)
+        self.retries_by = Labelled(self.retries)

@@ -65,6 +65,7 @@ async def running_gateway(
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Gateway]:
     gateway = build_gateway(config, upstream, clock)
+    gateway.start()
     try:
         yield gateway
     finally:

@@ -2,9 +2,10 @@
 one write, response bodies framed by Content-Length, chunked encoding or the connection's end, and handed
 on as they arrive (a stream is never buffered whole).
 
-It does only what forwarding to an OpenAI-compatible engine needs: POST with a JSON body. No redirects,
-cookies, proxies, compression (no Accept-Encoding is sent) or HTTP/2. A general client (httpx) spent more
-CPU per request than all the rest of the gateway's work, which is why this one exists.
+It does only what forwarding to an OpenAI-compatible engine needs: POST with a JSON body, and GET for
+health checks. No redirects, cookies, proxies, compression (no Accept-Encoding is sent) or HTTP/2. A
+general client (httpx) spent more CPU per request than all the rest of the gateway's work, which is why
+this one exists.
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ class Target:
     """Up to the Content-Length value, which follows per request."""
 
     @classmethod
-    def parse(cls, url: str) -> Target:
+    def parse(cls, url: str, method: str = "POST") -> Target:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url!r}: expected an http:// or https:// URL with a host")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.netloc.rpartition("@")[2]
         head = (
-            f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"
+            f"{method} {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"
             "Content-Type: application/json\r\nContent-Length: "
         ).encode()
         return cls(url, (parts.scheme, parts.hostname, port), head)
@@ -68,6 +69,10 @@ class Upstream(Protocol):
     """Where the gateway's requests go: `post` returns once the status and headers are in."""
 
     async def post(self, target: Target, body: bytes) -> Response: ...
+
+    async def get(self, target: Target) -> Response:
+        """`target` parsed with method="GET"."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -175,6 +180,13 @@ class HttpUpstream:
         self._tls: ssl.SSLContext | None = None
 
     async def post(self, target: Target, body: bytes) -> HttpResponse:
+        return await self._request(target, body)
+
+    async def get(self, target: Target) -> HttpResponse:
+        assert target.head.startswith(b"GET "), "parse the target with method='GET'"
+        return await self._request(target, b"")
+
+    async def _request(self, target: Target, body: bytes) -> HttpResponse:
         connection = self._take(target.origin) or await self._connect(target.origin)
         try:
             connection.writer.write(target.head + b"%d\r\n\r\n" % len(body) + body)
