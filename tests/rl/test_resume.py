@@ -69,5 +69,24 @@ def test_resume_without_checkpoint_is_refused(tiny_model: Callable[[str], Path],
 def test_starting_over_an_existing_run_is_refused(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     config = tiny_config(tiny_model("llama"), tmp_path)
     (config.run_dir / "checkpoints").mkdir(parents=True)
+    (config.run_dir / "checkpoints" / "latest").write_text("step-2\n")
     with pytest.raises(ConfigError, match="already holds a run: resume it with --resume"):
         make_trainer(config)
+
+
+def test_a_run_killed_before_its_first_checkpoint_committed_starts_over_without_its_lines(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = tiny_config(tiny_model("llama"), tmp_path, run={"steps": 2})
+    partial = config.run_dir / "checkpoints" / "step-000001.tmp"
+    partial.mkdir(parents=True)  # what a SIGKILL during the first save leaves: no `latest`
+    (config.run_dir / "metrics.jsonl").write_text('{"step": 1, "killed_attempt": true}\n')
+    trainer = make_trainer(config)
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    lines = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert "killed_attempt" not in lines[0] and lines[0]["reward"] == history[0]["reward"]
+    assert not partial.exists() and (config.run_dir / "checkpoints" / "latest").is_file()

@@ -224,6 +224,11 @@ def save_checkpoint(
     return start_checkpoint(run_dir, step, learner, trainer, keep, extra).wait()
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a checkpoint of this run was committed (a run killed during its first one has none)."""
+    return (run_dir / "checkpoints" / LATEST).is_file()
+
+
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
     pointer = run_dir / "checkpoints" / LATEST
     if not pointer.is_file():

@@ -31,6 +31,7 @@ from tether.errors import ConfigError
 from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
 from tether.rl.checkpoint import (
     PendingCheckpoint,
+    has_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     load_extra,
@@ -180,12 +181,16 @@ class Trainer:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
             truncate_metrics(self.run_dir / "transcripts.jsonl", self.step)
             return
-        if (self.run_dir / "checkpoints").exists():
+        if has_checkpoint(self.run_dir):
             raise ConfigError(
                 f"run directory {str(self.run_dir)!r} already holds a run: resume it with --resume, "
                 "or choose another run.name"
             )
+        # A run killed before its first checkpoint committed left only steps it cannot resume from: it
+        # starts over, and their lines go (the next save drops its partial checkpoint files).
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+        truncate_metrics(self.run_dir / "transcripts.jsonl", 0)
         (self.run_dir / "config.toml").write_text(dump_config(self.config))
 
     def checkpoint(self) -> Path:
