@@ -161,7 +161,7 @@ def test_a_file_that_is_not_toml_or_missing_is_named(tmp_path: Path) -> None:
 
 
 def test_the_example_config_plans(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parents[2] / "configs" / "cluster.toml"
+    example = Path(__file__).resolve().parents[2] / "configs" / "cluster" / "local.toml"
     planned = plan_cluster(load_cluster_file(example), tmp_path, "/py")
     kinds = [p.kind for p in planned.pieces]
     assert kinds.count(PieceKind.SANDBOX) == 3 and kinds.count(PieceKind.WORKER) == 1

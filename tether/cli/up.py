@@ -72,7 +72,7 @@ def show(cluster: ClusterState, rows: list[PieceRow]) -> None:
 def up(
     ctx: typer.Context,
     config: Annotated[
-        Path | None, typer.Option("--config", help="The cluster file (example: configs/cluster.toml).")
+        Path | None, typer.Option("--config", help="The cluster file (example: configs/cluster/local.toml).")
     ] = None,
     detach: Annotated[
         bool, typer.Option("--detach", help="Leave the supervisor running in the background and return.")
@@ -87,7 +87,9 @@ def up(
             fail(f"--config and --detach belong to `tether up`, not to `tether up {ctx.invoked_subcommand}`")
         return
     if config is None:
-        fail("give the cluster file: tether up --config cluster.toml (an example: configs/cluster.toml)")
+        fail(
+            "give the cluster file: tether up --config cluster.toml (an example: configs/cluster/local.toml)"
+        )
     from tether.local_cluster.control import launch_detached, live_rows, stop_cluster, wait_until_up
     from tether.local_cluster.services import check_services
     from tether.local_cluster.state import read_state
