@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import errno
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,8 @@ from tether.sandbox import doctor
 from tether.sandbox.doctor import Environment, Finding, Platform, Primitive, Probe, diagnose
 from tether.sandbox.probes import probe_all
 from tether.sandbox.worker import IdMap
+
+from .pods import run_in_pod
 
 REPO = Path(__file__).resolve().parents[2]
 POD = Environment(Platform.KUBERNETES, gvisor=False, own_user_namespace=True, uid_map="0 833617920 65536\n")
@@ -212,44 +212,18 @@ def test_every_real_probe_passes_on_this_machine() -> None:
     assert {f.name for f in findings} == {p.value for p in Primitive}
 
 
-# Runs the id-map probe inside a user namespace that maps ids 0-65535 only (onto the same ids, so files
-# stay readable), as a hostUsers: false pod's does.
-_IN_POD_RANGE = """
-import json, os, time
-from tether.sandbox import linux
-from tether.sandbox.linux import Clone
-read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    linux.unshare(Clone.NEWUSER | Clone.NEWNS)
-    if not os.read(read, 1):  # the parent died before writing the maps
-        os._exit(1)
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
-    from tether.sandbox.probes import probe_id_map
-    from tether.sandbox.worker import IdMap
-    found = {base: probe_id_map(IdMap(base, 1000)) for base in (1_000_000, 60000)}
-    print(json.dumps({base: [p.ok, p.stage, p.detail] for base, p in found.items()}), flush=True)
-    os._exit(0)
-time.sleep(0.2)
-try:
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{pid}/{name}", "w") as handle:
-            handle.write("0 0 65536\\n")
-    os.write(write, b"x")
-finally:
-    os.close(write)
-    os.waitpid(pid, 0)
+_ID_MAP_PROBES = """
+import json
+from tether.sandbox.probes import probe_id_map
+from tether.sandbox.worker import IdMap
+found = {base: probe_id_map(IdMap(base, 1000)) for base in (1_000_000, 60000)}
+print(json.dumps({base: [p.ok, p.stage, p.detail] for base, p in found.items()}))
 """
 
 
 def test_in_a_pod_sized_id_range_the_default_host_ids_are_found_unmapped_and_60000_works() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-c", _IN_POD_RANGE], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert completed.stdout, completed.stderr
-    found = json.loads(completed.stdout)
-    assert found["1000000"] == [False, "unmapped", "host ids 1000000, 1001000"], completed.stderr
+    found = json.loads(run_in_pod(_ID_MAP_PROBES))
+    assert found["1000000"] == [False, "unmapped", "host ids 1000000, 1001000"]
     assert found["60000"][:2] == [True, ""]
 
 
@@ -267,49 +241,18 @@ def test_the_command_prints_each_fix_and_refuses_settings_it_cannot_probe_with()
 
 # What a non-privileged container gets on top of the pod's id range: read-only cgroup mounts and a
 # /proc with a file masked (as runtimes mask /proc/keys, /proc/kcore, ...), in a mount namespace of its own.
-_IN_NON_PRIVILEGED_POD = """
-import json, os, time
-from tether.sandbox import linux
-from tether.sandbox.linux import Clone, Mount
-read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    linux.unshare(Clone.NEWUSER | Clone.NEWNS)
-    if not os.read(read, 1):  # the parent died before writing the maps
-        os._exit(1)
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
-    linux.mount("none", "/", None, Mount.REC | Mount.PRIVATE)
-    for point in [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]:
-        linux.mount(point, point, None, Mount.BIND)
-        flags = linux.locked_mount_flags(point) | Mount.RDONLY
-        linux.mount("none", point, None, Mount.REMOUNT | Mount.BIND | flags)
-    linux.mount("/dev/null", "/proc/keys", None, Mount.BIND)
-    os.environ["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
-    from tether.sandbox.doctor import diagnose
-    from tether.sandbox.probes import current_environment, probe_all
-    from tether.sandbox.worker import IdMap
-    findings = diagnose(current_environment(), probe_all(IdMap(60000, 1000)), insecure=True)
-    print(json.dumps({f.name: [f.fix, f.required] for f in findings if not f.ok}), flush=True)
-    os._exit(0)
-time.sleep(0.2)
-try:
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{pid}/{name}", "w") as handle:
-            handle.write("0 0 65536\\n")
-    os.write(write, b"x")
-finally:
-    os.close(write)
-    os.waitpid(pid, 0)
+_POD_FINDINGS = """
+import json
+from tether.sandbox.doctor import diagnose
+from tether.sandbox.probes import current_environment, probe_all
+from tether.sandbox.worker import IdMap
+findings = diagnose(current_environment(), probe_all(IdMap(60000, 1000)), insecure=True)
+print(json.dumps({f.name: [f.fix, f.required] for f in findings if not f.ok}))
 """
 
 
 def test_in_an_emulated_non_privileged_pod_the_real_probes_name_procmount_and_the_read_only_cgroups() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-c", _IN_NON_PRIVILEGED_POD], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert completed.stdout, completed.stderr
-    missing = json.loads(completed.stdout)
+    missing = json.loads(run_in_pod(_POD_FINDINGS, read_only_cgroups=True, masked_proc=True))
     assert set(missing) == {Primitive.PROC.value, Primitive.CGROUPS.value}
     proc_fix, proc_required = missing[Primitive.PROC.value]
     assert "procMount: Unmasked" in proc_fix and proc_required

@@ -1,72 +1,42 @@
 """The pool in a non-privileged pod: host ids below 65536 inside a user namespace, and a read-only cgroup
 tree, which `insecure` turns into a pool without per-run cgroups (and which is refused without it).
 
-The pod is emulated as `tests/sandbox/test_doctor.py` does: a child in its own user namespace that maps
-only ids 0-65535 (as a `hostUsers: false` pod does), with every cgroup mount remounted read-only."""
+The pod is emulated by `pods.run_in_pod`: ids 0-65535 only, as a `hostUsers: false` pod has, and every
+cgroup mount read-only."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tether.errors import ConfigError
 from tether.sandbox.pool_config import PoolConfig, unprivileged_id_floor
 
-_POOL_IN_A_POD = """
-import asyncio, json, os, sys, time
-from tether.sandbox import linux
-from tether.sandbox.linux import Clone, Mount
-insecure = sys.argv[1] == "insecure"
-read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    linux.unshare(Clone.NEWUSER | Clone.NEWNS)
-    if not os.read(read, 1):
-        os._exit(1)
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
-    linux.mount("none", "/", None, Mount.REC | Mount.PRIVATE)
-    for point in [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]:
-        linux.mount(point, point, None, Mount.BIND)
-        flags = linux.locked_mount_flags(point) | Mount.RDONLY
-        linux.mount("none", point, None, Mount.REMOUNT | Mount.BIND | flags)
-    from tether.sandbox.pool import SandboxPool, SandboxUnavailable
-    from tether.sandbox.pool_config import PoolConfig
-    from tether.sandbox.spec import SandboxSpec
+from .pods import run_in_pod
 
-    async def main():
-        config = PoolConfig(slots=1, host_uid_base=60000, insecure=insecure)
-        try:
-            async with SandboxPool(SandboxSpec(timeout_s=10), config) as pool:
-                result = await pool.run("import os; print(os.getuid(), 6 * 7)")
-                cgroups = pool.layout is not None
-                return {"status": result.status.value, "stdout": result.stdout, "cgroups": cgroups}
-        except SandboxUnavailable as error:
-            return {"refused": str(error)}
+_POOL = """
+import asyncio, json
+from tether.sandbox.pool import SandboxPool, SandboxUnavailable
+from tether.sandbox.pool_config import PoolConfig
+from tether.sandbox.spec import SandboxSpec
 
-    print(json.dumps(asyncio.run(main())), flush=True)
-    os._exit(0)
-time.sleep(0.2)
-try:
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{pid}/{name}", "w") as handle:
-            handle.write("0 0 65536\\n")
-    os.write(write, b"x")
-finally:
-    os.close(write)
-    os.waitpid(pid, 0)
+async def main():
+    config = PoolConfig(slots=1, host_uid_base=60000, insecure=sys.argv[1] == "insecure")
+    try:
+        async with SandboxPool(SandboxSpec(timeout_s=10), config) as pool:
+            result = await pool.run("import os; print(os.getuid(), 6 * 7)")
+            cgroups = pool.layout is not None
+            return {"status": result.status.value, "stdout": result.stdout, "cgroups": cgroups}
+    except SandboxUnavailable as error:
+        return {"refused": str(error)}
+
+print(json.dumps(asyncio.run(main())))
 """
 
 
 def _pool_in_a_pod(mode: str) -> dict[str, object]:
-    completed = subprocess.run(
-        [sys.executable, "-c", _POOL_IN_A_POD, mode], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert completed.stdout, completed.stderr
-    answer: dict[str, object] = json.loads(completed.stdout.splitlines()[-1])
+    answer: dict[str, object] = json.loads(run_in_pod(_POOL, mode, read_only_cgroups=True))
     return answer
 
 
