@@ -17,6 +17,10 @@ from typing import Any
 import httpx
 import uvicorn
 
+from tether.web import free_port
+
+__all__ = ["free_port", "live_server", "sandbox_fleet", "served_process"]
+
 
 @contextmanager
 def live_server(app: Any) -> Iterator[str]:
@@ -37,14 +41,6 @@ def live_server(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
-
-
-def free_port() -> int:
-    """A local TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -16,7 +16,6 @@ import concurrent.futures
 import multiprocessing
 import os
 import re
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -43,6 +42,7 @@ from tether.engine.weight_sync import (
 from tether.engine.weight_update import UpdatePolicy, WeightUpdateConfig
 from tether.errors import ConfigError
 from tether.models import load
+from tether.web import free_port
 
 BLOCK = 4
 PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8, 6], [4, 4, 12, 1, 9, 2]]
@@ -139,13 +139,6 @@ async def _serve(engine: AsyncEngine, receiver: WeightReceiver, commands: Any, r
             replies.put((receiver.refusals, repr(receiver.error), receiver.is_running))
             engine.shutdown()
             return
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def own_default_group() -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from tether.gateway import GatewayConfig, Limits, Tier, build_gateway
 from tether.gateway.bench import Receive, Scope, Send
 from tether.gateway.ledger import PICO_PER_USD, Charge, Reservation
 from tether.gateway.runtime import open_stores
+from tether.web import free_port
 
 from .conftest import drop_tables, make_config
 from .helpers import expected_cost, serve
@@ -81,17 +81,11 @@ async def fake_engine(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": content})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def gateway_process(config_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The gateway served from `config_path` in a child process, from the moment it answers until the
     block ends (started as `tether gateway serve` does, without importing the whole CLI)."""
-    port = _free_port()
+    port = free_port()
     command = (
         "import sys; from pathlib import Path; from tether.gateway import load_gateway_config, serve_gateway;"
         " serve_gateway(load_gateway_config(Path(sys.argv[1])), '127.0.0.1', int(sys.argv[2]), 'warning')"

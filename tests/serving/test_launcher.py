@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tether.testing import make_tiny_model
+from tether.web import free_port
 
 TETHER = str(Path(sys.executable).parent / "tether")
 
@@ -24,12 +25,6 @@ def taken_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield holder.getsockname()[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_taken_port_fails_before_any_model_is_loaded(taken_port: int, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import httpx
 from tether.errors import ConfigError, TetherError
 from tether.gateway.config import GatewayConfig, Limits, Pool, Tier
 from tether.gateway.runtime import open_stores
+from tether.web import free_port
 
 MODEL = "instant"
 _ANSWER = json.dumps(
@@ -108,12 +108,6 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -231,7 +225,7 @@ async def _throughput(base: str, secret: str, config: BenchConfig) -> float:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
-    upstream_port, gateway_port = _free_port(), _free_port()
+    upstream_port, gateway_port = free_port(), free_port()
     direct, gateway = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
     with tempfile.TemporaryDirectory(prefix="tether-gw-bench-") as tmp:
         gateway_config = GatewayConfig(

@@ -21,7 +21,6 @@ import math
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from tether.errors import ConfigError, TetherError
 from tether.gateway.config import GatewayConfig, Limits, Pool, Routing, Tier
 from tether.gateway.prefix_key import load_tokenizer
 from tether.gateway.runtime import open_stores, running_gateway
+from tether.web import free_port
 
 _TEXT = """river stone lantern orbit maple signal harbor quartz meadow ember vector canyon saddle prism
 glacier thistle beacon cobalt falcon ledger summit willow kernel harvest tunnel velvet anchor mirror compass
@@ -163,12 +163,6 @@ class RoutingBenchResult:
         return asdict(self)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def kv_bytes_per_token(model: Path) -> int:
     """Float32 K and V of every layer for one token, from the model's config.json (as the engine sizes
     its cache)."""
@@ -193,7 +187,7 @@ def system_prompts(tokenizer: Any, count: int, tokens: int, seed: int) -> list[s
 @contextmanager
 def _replicas(config: RoutingBenchConfig, kv_mib: int) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
     """`tether serve` processes on free ports and their URLs, from the moment each answers /healthz."""
-    ports = [_free_port() for _ in range(config.replicas)]
+    ports = [free_port() for _ in range(config.replicas)]
     processes = [
         subprocess.Popen(
             [
@@ -360,7 +354,7 @@ async def _through_gateway(
     unrefusing = Limits(requests_per_minute=10**9, tokens_per_window=10**12, budget_usd=Decimal(10**6))
     secret, _ = keys.create("bench", Tier.STANDARD, unrefusing)
     keys.engine.dispose()
-    port = _free_port()
+    port = free_port()
     async with running_gateway(gateway_config) as gateway:
         server = uvicorn.Server(
             uvicorn.Config(create_gateway_app(gateway), host="127.0.0.1", port=port, log_level="critical")
