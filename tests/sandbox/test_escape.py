@@ -1777,7 +1777,9 @@ async def test_concurrent_run_cannot_find_another_runs_files() -> None:
         """,
         TOKEN=TOKEN,
     )
-    async with open_sandbox(slots=2, timeout_s=8) as sandbox:
+    # The search walks every visible file (tens of thousands in the read-only venv): on a loaded 2-core
+    # machine that took more than 8 s, so the limit is generous; isolation, not speed, is under test.
+    async with open_sandbox(slots=2, timeout_s=30) as sandbox:
         holding = asyncio.create_task(sandbox.pool.run(owner))
         await asyncio.sleep(0.5)
         search = await sandbox.pool.run(searcher)
