@@ -273,6 +273,11 @@ class ModelConfig:
         (`RopeScaling.context_limit`)."""
         return self.rope_scaling.context_limit(self.max_position_embeddings)
 
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """KV cache bytes one token takes: a key and a value per layer and KV head, `head_dim` elements
+        of `element_size` bytes each."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
     def with_rope_scaling(self, scaling: RopeScaling) -> ModelConfig:
         """This model run with `scaling` instead of its config's (an explicit `--rope-scaling`)."""
         return replace(self, rope_scaling=scaling)
