@@ -57,7 +57,7 @@ def test_smollm2_reaches_32k_only_with_rope_scaling(smollm2_folder: Path) -> Non
 @pytest.mark.slow
 def test_smollm2_with_yarn_continues_a_prompt_past_its_original_context(smollm2_folder: Path) -> None:
     """A 9000-token prompt, past SmolLM2's 8192 positions: YaRN keeps the continuation on track (about
-    two minutes on two busy cores)."""
+    five minutes on two busy cores)."""
     engine, tokenizer = LLMEngine.from_pretrained(
         smollm2_folder,
         kv_cache_mib=720,

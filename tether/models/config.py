@@ -137,8 +137,8 @@ class RopeScaling:
             )
         original = _number(rope, "original_max_position_embeddings", kind, None)
         factor = _number(rope, "factor", kind, None)
-        if factor is None and kind is RopeType.YARN:  # as transformers: the ratio of the two lengths
-            factor = (max_position_embeddings or 0) / (original or max_position_embeddings or 1)
+        if factor is None and kind is RopeType.YARN and original and max_position_embeddings:
+            factor = max_position_embeddings / original  # as transformers: the ratio of the two lengths
         return cls(
             rope_type=kind,
             factor=1.0 if factor is None and kind is RopeType.DEFAULT else factor,
