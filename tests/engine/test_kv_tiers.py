@@ -244,7 +244,7 @@ def test_a_host_tier_too_small_for_one_block_is_refused(tiny_path: Path) -> None
 def test_an_unusable_disk_dir_is_refused(tiny_path: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(ConfigError, match="kv_disk_tier_dir = .*cannot create it"):
+    with pytest.raises(ConfigError, match=r"kv_disk_tier_dir = .*cannot create it"):
         make_engine(tiny_path, kv_disk_tier_dir=str(blocker))
 
 
