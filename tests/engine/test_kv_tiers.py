@@ -18,6 +18,7 @@ from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner
 from tether.engine.sampling import SamplingParams
 from tether.engine.scheduler import SchedulerOutput, SwapIn, SwapOut
+from tether.engine.sequence import Sequence
 from tether.engine.swap_cost import RateMeter
 from tether.errors import ConfigError
 from tether.kernels.kv_cache import KVCache
@@ -248,7 +249,57 @@ def test_an_unusable_disk_dir_is_refused(tiny_path: Path, tmp_path: Path) -> Non
         make_engine(tiny_path, kv_disk_tier_dir=str(blocker))
 
 
-def engine_seq(engine: LLMEngine, prompt: list[int]) -> Any:
-    from tether.engine.sequence import Sequence
-
+def engine_seq(engine: LLMEngine, prompt: list[int]) -> Sequence:
+    """A probe with `prompt`'s tokens, to look its blocks up in the engine's caches."""
     return Sequence(10_000, "probe", prompt)
+
+
+class _Shape:
+    """A cache whose 16-token blocks are 128 KiB: a 1 MiB host tier holds 8 of them."""
+
+    num_layers = 2
+    num_kv_heads = 8
+    head_dim = 64
+
+
+def test_a_full_host_tier_moves_its_oldest_blocks_to_disk_and_all_come_back_intact(tmp_path: Path) -> None:
+    config = EngineConfig(
+        num_blocks=16,
+        block_size=16,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        kv_host_tier_mib=1,
+        kv_disk_tier_dir=str(tmp_path),
+    )
+    cache = KVCache.allocate(_Shape(), 16, 16)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in (*cache.keys, *cache.values):
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    manager = BlockManager.from_config(config)
+    tiers = KVTiers(config, cache, manager, _Shape(), "fingerprint")
+    tiers.prefill_rate = RateMeter.fixed(1.0)
+    assert tiers.host is not None and tiers.host.capacity_blocks == 8 and tiers.disk is not None
+    seq = Sequence(0, "a", list(range(12 * 16 + 1)))
+    keys = manager.uncached_block_keys(seq, 0)
+    imported = manager.import_cached_blocks([], keys)  # as if the 12 blocks had been computed
+    block_ids = [imported[i] for i in range(12)]
+    original = cache.gather_blocks(block_ids)
+    filler = Sequence(1, "b", list(range(1000, 1000 + 16 * 16)))
+    manager.allocate(filler, 16 * 16)  # takes every block: the 12 are evicted
+    tiers.apply_evictions()
+    assert tiers.host.num_used == 8 and len(tiers.disk) == 4  # the host tier is full: 4 went to disk
+    manager.free(filler)
+    other = Sequence(2, "c", list(range(5000, 5000 + 4 * 16 + 1)))
+    manager.import_cached_blocks([], manager.uncached_block_keys(other, 0))
+    manager.allocate(filler, 16 * 16)  # evicts other's 4 blocks: the host's 4 oldest move to disk
+    tiers.apply_evictions()
+    assert tiers.host.num_used == 8 and len(tiers.disk) == 8
+    manager.free(filler)
+    for tensor in (*cache.keys, *cache.values):
+        tensor.zero_()
+    tiers.promote([seq])
+    restored = manager.find_cached_prefix(seq)
+    assert len(restored) == 12
+    assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
+    stats = tiers.stats(0, 0, 0, 0)
+    assert (stats.host_hit_tokens, stats.disk_hit_tokens) == (4 * 16, 8 * 16)

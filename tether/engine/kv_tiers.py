@@ -322,7 +322,6 @@ class KVTiers:
             if tier is Tier.DISK:
                 disk_rows[key[0]] = len(disk_rows)
         imported = self.block_manager.import_cached_blocks(keep, [key for _, key, _ in wanted])
-        self.apply_evictions()  # the blocks just taken may hold evicted KV still to keep
         host_ids, host_slots, disk_ids, rows = [], [], [], []
         for index, block_id in imported.items():
             tier, key, slot = wanted[index]
@@ -332,8 +331,11 @@ class KVTiers:
             else:
                 disk_ids.append(block_id)
                 rows.append(disk_rows[key[0]])
+        # Read the host slots before offloading the blocks the import evicted: that may reuse them.
+        from_host = self._from_host(host_slots) if host_ids else []
+        self.apply_evictions()  # the blocks just taken hold evicted KV still to keep
         if host_ids:
-            self._to_device(host_ids, self._from_host(host_slots), Tier.HOST)
+            self._to_device(host_ids, from_host, Tier.HOST)
             self._counts["host_hit_tokens"] += len(host_ids) * self.config.block_size
         if disk_ids:
             picked = staging if len(rows) == len(staging) else staging[torch.tensor(rows)]
