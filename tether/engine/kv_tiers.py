@@ -14,7 +14,6 @@ nothing about scheduling policy beyond the `SchedulerOutput` it applies.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from tether.block_hash import BlockHash
 from tether.engine.block_manager import BlockManager, CachedBlock
 from tether.engine.config import EngineConfig, PreemptionMode
 from tether.engine.kv_disk import DiskBlockStore, model_fingerprint
-from tether.engine.scheduler import SchedulerOutput
+from tether.engine.kv_host import BlockKey, HostBlockPool
+from tether.engine.scheduler import Scheduler, SchedulerOutput
 from tether.engine.sequence import Sequence, SequenceStatus
 from tether.engine.swap_cost import (
     PRIOR_BYTES_PER_S,
@@ -39,7 +39,6 @@ from tether.engine.swap_cost import (
 from tether.errors import ConfigError
 from tether.kernels.kv_cache import KVCache
 
-BlockKey = tuple[BlockHash, tuple[int, ...]]
 MIN_MEASURED_PREFILL_TOKENS = 16
 
 
@@ -84,77 +83,6 @@ _COUNTERS = (
     "disk_bytes_out",
     "recomputed_tokens",
 )
-
-
-class HostBlockPool:
-    """Block slots in host memory: prefix blocks in LRU order (evictable) and swapped sequences' blocks."""
-
-    def __init__(self, capacity_blocks: int, cache: KVCache, pin: bool) -> None:
-        shape = (capacity_blocks, *cache.keys[0].shape[1:])
-        dtype = cache.keys[0].dtype
-        # Zeroed now so that the first offload does not pay for faulting the pages in.
-        self.tensors = [torch.zeros(shape, dtype=dtype, pin_memory=pin) for _ in range(2 * cache.num_layers)]
-        """Per layer K then V, as `KVCache.gather_blocks` orders them."""
-        self.capacity_blocks = capacity_blocks
-        self._free = list(range(capacity_blocks))
-        self._prefix: OrderedDict[BlockHash, tuple[int, tuple[int, ...]]] = OrderedDict()
-        self._swaps: dict[int, list[int]] = {}
-        self._reserved: dict[int, int] = {}  # seq_id -> slots promised to a swap-out not yet performed
-
-    @property
-    def num_used(self) -> int:
-        return self.capacity_blocks - len(self._free)
-
-    @property
-    def room(self) -> int:
-        """Slots a new swap-out can still have (evicting prefix blocks)."""
-        return len(self._free) + len(self._prefix) - sum(self._reserved.values())
-
-    def find(self, key: BlockKey) -> int | None:
-        entry = self._prefix.get(key[0])
-        if entry is None or entry[1] != key[1]:
-            return None
-        self._prefix.move_to_end(key[0])
-        return entry[0]
-
-    def take(self, count: int) -> tuple[list[int], list[tuple[BlockKey, int]]]:
-        """`count` slots, evicting least recently used prefix blocks: returns the slots and the evicted
-        blocks (key, slot), whose KV must be read (for the disk tier) before the slots are written."""
-        assert count <= len(self._free) + len(self._prefix)
-        slots = self._free[:count]
-        del self._free[:count]
-        evicted = []
-        while len(slots) < count:
-            block_hash, (slot, token_ids) = self._prefix.popitem(last=False)
-            evicted.append(((block_hash, token_ids), slot))
-            slots.append(slot)
-        return slots, evicted
-
-    def add_prefix(self, key: BlockKey, slot: int) -> None:
-        self._prefix[key[0]] = (slot, key[1])
-
-    def reserve(self, seq_id: int, count: int) -> bool:
-        if count > self.room:
-            return False
-        self._reserved[seq_id] = count
-        return True
-
-    def hold_swap(self, seq_id: int) -> tuple[list[int], list[tuple[BlockKey, int]]]:
-        slots, evicted = self.take(self._reserved.pop(seq_id))
-        self._swaps[seq_id] = slots
-        return slots, evicted
-
-    def release_swap(self, seq_id: int) -> list[int]:
-        slots = self._swaps.pop(seq_id, [])
-        self._reserved.pop(seq_id, None)
-        self._free.extend(slots)
-        return slots
-
-    def clear(self) -> None:
-        self._free = list(range(self.capacity_blocks))
-        self._prefix.clear()
-        self._swaps.clear()
-        self._reserved.clear()
 
 
 class KVTiers:
@@ -216,9 +144,8 @@ class KVTiers:
         self.host_rate = RateMeter(PRIOR_BYTES_PER_S[Tier.HOST])
         self.disk_rate = RateMeter(PRIOR_BYTES_PER_S[Tier.DISK])
         self._counts = dict.fromkeys(_COUNTERS, 0)
-        self._looked: set[tuple[int, int]] = (
-            set()
-        )  # (seq_id, preemptions) whose lower-tier prefix was decided
+        # (seq_id, preemptions) of the waiting sequences whose lower-tier prefix was already decided
+        self._looked: set[tuple[int, int]] = set()
 
     @property
     def rates(self) -> Rates:
@@ -405,14 +332,16 @@ class KVTiers:
             )
 
     def stats(
-        self, device_hit_tokens: int, swaps: int, recompute_preemptions: int, dropped_tokens: int
+        self, device_hits: int, swaps: int, recompute_preemptions: int, dropped_tokens: int
     ) -> KVTierStats:
+        """The counters, with the scheduler's preemptions and dropped tokens and the block manager's
+        prefix hits (`device_hits` tokens, of which the restored ones are the tiers')."""
         counts = dict(self._counts)
         counts["recomputed_tokens"] += dropped_tokens
         restored = counts["host_hit_tokens"] + counts["disk_hit_tokens"]
         return KVTierStats(
             **counts,
-            device_hit_tokens=max(0, device_hit_tokens - restored),
+            device_hit_tokens=max(0, device_hits - restored),
             swap_preemptions=swaps,
             recompute_preemptions=recompute_preemptions,
             host_blocks=0 if self.host is None else self.host.num_used,
@@ -468,6 +397,19 @@ class KVTiers:
             payloads = _per_block([*self.cache.keys, *self.cache.values], [b.block_id for b in fresh])
             for block, payload in zip(fresh, payloads, strict=True):
                 self._counts["disk_bytes_out"] += self.disk.write(block.hash, block.token_ids, payload)
+
+
+def tier_stats(tiers: KVTiers | None, scheduler: Scheduler, device_hits: int) -> KVTierStats:
+    """An engine's tier counters, also without tiers (then only device hits and recomputation)."""
+    swaps = scheduler.num_swap_preemptions
+    recompute_preemptions = scheduler.num_preemptions - swaps
+    if tiers is None:
+        return KVTierStats(
+            device_hit_tokens=device_hits,
+            recomputed_tokens=scheduler.num_recomputed_tokens,
+            recompute_preemptions=recompute_preemptions,
+        )
+    return tiers.stats(device_hits, swaps, recompute_preemptions, scheduler.num_recomputed_tokens)
 
 
 def _per_block(tensors: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
