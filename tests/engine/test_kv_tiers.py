@@ -303,3 +303,54 @@ def test_a_full_host_tier_moves_its_oldest_blocks_to_disk_and_all_come_back_inta
     assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
     stats = tiers.stats(0, 0, 0, 0)
     assert (stats.host_hit_tokens, stats.disk_hit_tokens) == (4 * 16, 8 * 16)
+
+
+class _SmallShape:
+    num_layers = 2
+    num_kv_heads = 1
+    head_dim = 8
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_long_prefix_comes_back_in_one_batched_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tier: str
+) -> None:
+    blocks = 1100  # a 17,600-token prefix of 16-token blocks
+    config = EngineConfig(
+        num_blocks=2 * blocks,
+        block_size=16,
+        max_num_batched_tokens=512,
+        max_model_len=16 * blocks + 16,
+        kv_host_tier_mib=8 if tier == "host" else 0,
+        kv_disk_tier_dir=str(tmp_path) if tier == "disk" else None,
+    )
+    cache = KVCache.allocate(_SmallShape(), 2 * blocks, 16)
+    manager = BlockManager.from_config(config)
+    tiers = KVTiers(config, cache, manager, _SmallShape(), "fingerprint")
+    tiers.prefill_rate = RateMeter.fixed(1.0)
+    seq = Sequence(0, "long", list(range(16 * blocks + 1)))
+    manager.allocate(seq, seq.num_tokens)  # computed as a prefill would
+    seq.num_computed_tokens = seq.num_tokens
+    for tensor in (*cache.keys, *cache.values):
+        tensor.normal_()
+    manager.cache_full_blocks(seq)
+    original = cache.gather_blocks(seq.block_table[:blocks])
+    tiers.persist_new_blocks()  # written through to the disk tier, if any
+    manager.free(seq)
+    seq.num_computed_tokens = 0
+    filler = Sequence(1, "filler", list(range(10**6, 10**6 + 16 * 2 * blocks)))
+    manager.allocate(filler, 16 * 2 * blocks)  # evicts the whole prefix
+    tiers.apply_evictions()
+    manager.free(filler)
+    scatters: list[int] = []
+    scatter = KVCache.scatter_blocks
+
+    def counting(self: KVCache, block_ids: list[int], data: list[torch.Tensor]) -> None:
+        scatters.append(len(block_ids))
+        scatter(self, block_ids, data)
+
+    monkeypatch.setattr(KVCache, "scatter_blocks", counting)
+    tiers.promote([seq])
+    assert scatters == [blocks]  # one index_copy_ per layer tensor for all the blocks
+    restored = manager.find_cached_prefix(seq)
+    assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
