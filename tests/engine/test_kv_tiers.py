@@ -354,3 +354,19 @@ def test_a_long_prefix_comes_back_in_one_batched_copy(
     assert scatters == [blocks]  # one index_copy_ per layer tensor for all the blocks
     restored = manager.find_cached_prefix(seq)
     assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
+
+
+def test_a_failing_disk_write_costs_the_block_not_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether.engine.kv_disk import DiskBlockStore
+
+    disk = DiskBlockStore(tmp_path, "fingerprint", 2**20, (4, 4, 2, 32), torch.float32)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("tether.engine.kv_disk.os.replace", full)
+    assert disk.write(b"k" * 16, (1, 2, 3, 4), torch.zeros(4, 4, 2, 32)) == 0
+    assert b"k" * 16 not in disk and disk.used_bytes == 0
+    assert list(disk.directory.iterdir()) == []  # no temporary left behind

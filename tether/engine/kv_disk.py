@@ -8,7 +8,9 @@ then V). A read checks all of it: a corrupt, truncated or foreign file is a miss
 wrong KV. Writes go to a temporary file renamed into place, so a reader sees a whole file or none; there
 is no fsync: a file torn by a power loss fails its checksum and reads as a miss. The folder is bounded by
 `capacity_bytes`, least recently used files deleted first (the order survives restarts through the files'
-modification times). Not safe for two engines writing the same folder at once.
+modification times). A write that fails (disk full, read-only) is logged and skipped. Not safe for two
+engines writing the same folder at once (each keeps its own index and budget; a file the other deleted
+is a miss).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import struct
 import zlib
@@ -30,6 +33,7 @@ import torch
 from tether.block_hash import BlockHash
 from tether.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 MAGIC = b"TETHERKV1\n"
 SUFFIX = ".kv"
 _HEADER_LENGTH = struct.Struct("<I")
@@ -108,10 +112,15 @@ class DiskBlockStore:
         self._make_room(size)
         path = self._path(block_hash)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with temporary.open("wb") as file:
-            file.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
-            file.write(data)
-        os.replace(temporary, path)
+        try:
+            with temporary.open("wb") as file:
+                file.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
+                file.write(data)
+            os.replace(temporary, path)
+        except OSError as error:  # a full or read-only disk costs the tier this block, not the engine
+            temporary.unlink(missing_ok=True)
+            logger.warning("KV disk tier: cannot write %s: %s", path, error)
+            return 0
         self._files[block_hash] = size
         self.used_bytes += size
         return size
