@@ -9,6 +9,11 @@ as the engine runs); the admission then finds them in the prefix cache. The host
 of sequences preempted by swapping, which is never evicted. Copies are batched: one index_select /
 index_copy_ per layer tensor for all the blocks of a step. Drives the model runner's KV cache; knows
 nothing about scheduling policy beyond the `SchedulerOutput` it applies.
+
+The disk tier is written through: every block a step adds to the prefix cache is written after the step
+(synchronously, in the engine loop), so a restarted engine finds what the last one computed even after a
+crash. A weight update empties the host tier and moves the disk tier to the new weights' folder, which
+costs one hash of the weights.
 """
 
 from __future__ import annotations
