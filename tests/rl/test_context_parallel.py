@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.multiprocessing.spawn import spawn
+from torch.multiprocessing.spawn import start_processes
 
 from tether.errors import ConfigError
 from tether.models import load
@@ -37,6 +37,13 @@ def _join(rank: int, world_size: int, port: int) -> None:
         world_size=world_size,
         timeout=timedelta(seconds=_TIMEOUT_S),
     )
+
+
+def _run_ranks(rank: Callable[..., None], world_size: int, *args: object) -> None:
+    """`rank(r, world_size, port, *args)` in `world_size` processes; a failure in any fails the test and
+    ends the others. Forked, not spawned: a child starts with this process's imports (a spawned one
+    re-imports torch and tether, seconds each on a shared machine)."""
+    start_processes(rank, args=(world_size, free_port(), *args), nprocs=world_size, start_method="fork")  # type: ignore[no-untyped-call]
 
 
 def _reference(
@@ -67,39 +74,47 @@ def _cases() -> list[tuple[str, DenseBatch]]:
     ]
 
 
+def _check_ring(ring: RingGroup) -> None:
+    """Every case's ring attention on `ring` against one-rank attention of the whole sequence."""
+    for name, batch in _cases():
+        tokens = batch.input_ids.numel()
+        generator = torch.Generator().manual_seed(tokens)
+        q, k, v = (torch.randn(tokens, heads, 8, generator=generator) for heads in (4, 2, 2))
+        weights = torch.randn(tokens, 4, 8, generator=generator)
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        expected = _reference(full[0], full[1], full[2], batch, 0.35)
+        torch.autograd.backward((expected * weights).sum())
+        layout = ContextLayout.of(batch, ring.size)
+        mine = layout.indices(ring.rank)
+        held = torch.where(mine < tokens, mine, 0)
+        real = (mine < tokens) & (batch.segments.reshape(-1)[held] > 0)  # a row's padding: unseen
+        local = [t[held].clone().requires_grad_() for t in (q, k, v)]
+        out = ring_attention(local[0], local[1], local[2], layout, ring, 0.35)
+        torch.autograd.backward((out[real] * weights[mine[real]]).sum())
+        where = f"{name}, rank {ring.rank} of {ring.size}"
+        torch.testing.assert_close(out[real], expected[mine[real]], atol=1e-5, rtol=1e-5, msg=where)
+        for got, want, which in zip(local, full, "qkv", strict=True):
+            assert got.grad is not None and want.grad is not None
+            torch.testing.assert_close(
+                got.grad[real], want.grad[mine[real]], atol=1e-5, rtol=1e-5, msg=f"{where}: d{which}"
+            )
+
+
 def _ring_rank(rank: int, world_size: int, port: int) -> None:
     _join(rank, world_size, port)
     try:
-        ring = RingGroup.open(world_size, _TIMEOUT_S)
-        for name, batch in _cases():
-            tokens = batch.input_ids.numel()
-            generator = torch.Generator().manual_seed(tokens)
-            q, k, v = (torch.randn(tokens, heads, 8, generator=generator) for heads in (4, 2, 2))
-            weights = torch.randn(tokens, 4, 8, generator=generator)
-            full = [t.clone().requires_grad_() for t in (q, k, v)]
-            expected = _reference(full[0], full[1], full[2], batch, 0.35)
-            torch.autograd.backward((expected * weights).sum())
-            layout = ContextLayout.of(batch, world_size)
-            mine = layout.indices(rank)
-            held = torch.where(mine < tokens, mine, 0)
-            real = (mine < tokens) & (batch.segments.reshape(-1)[held] > 0)  # a row's padding: unseen
-            local = [t[held].clone().requires_grad_() for t in (q, k, v)]
-            out = ring_attention(local[0], local[1], local[2], layout, ring, 0.35)
-            torch.autograd.backward((out[real] * weights[mine[real]]).sum())
-            torch.testing.assert_close(out[real], expected[mine[real]], atol=1e-5, rtol=1e-5, msg=name)
-            for got, want, which in zip(local, full, "qkv", strict=True):
-                assert got.grad is not None and want.grad is not None
-                torch.testing.assert_close(
-                    got.grad[real], want.grad[mine[real]], atol=1e-5, rtol=1e-5, msg=f"{name}: d{which}"
-                )
+        _check_ring(RingGroup.open(4, _TIMEOUT_S))
+        pair = RingGroup.open(2, _TIMEOUT_S)  # ranks 0-1 and 2-3: two rings side by side
+        assert pair.members == ((0, 1) if rank < 2 else (2, 3))
+        _check_ring(pair)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_ring_attention_equals_one_rank_attention_with_gradients(ranks: int) -> None:
-    # Causal and document masks, shared prompts, padding, odd lengths, grouped-query heads; fp32.
-    spawn(_ring_rank, args=(ranks, free_port()), nprocs=ranks)  # type: ignore[no-untyped-call]
+def test_ring_attention_over_4_and_over_2_ranks_equals_one_rank_attention_with_gradients() -> None:
+    # Causal and document masks, shared prompts, padding, odd lengths, grouped-query heads; fp32. One
+    # set of 4 processes: a ring of 4, then two rings of 2 (the layout of data x context parallel).
+    _run_ranks(_ring_rank, 4)
 
 
 def _model_rank(rank: int, world_size: int, port: int, model_path: str) -> None:
@@ -133,7 +148,7 @@ def _model_rank(rank: int, world_size: int, port: int, model_path: str) -> None:
 def test_tiny_model_logprobs_and_gradients_over_two_ranks_equal_the_dense_forward(
     tiny_model: Callable[[str], Path], architecture: str
 ) -> None:
-    spawn(_model_rank, args=(2, free_port(), str(tiny_model(architecture))), nprocs=2)  # type: ignore[no-untyped-call]
+    _run_ranks(_model_rank, 2, str(tiny_model(architecture)))
 
 
 def test_learner_steps_over_context_parallel_ranks_equal_the_single_learner(
