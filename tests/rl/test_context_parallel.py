@@ -4,6 +4,7 @@ step over context-parallel ranks equals the single learner's, and bad layouts ar
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +21,7 @@ from tether.models.dense import DenseBatch
 from tether.models.dense import token_logprobs as dense_logprobs
 from tether.models.memory_plan import Strategy
 from tether.rl.config import parse_config
-from tether.rl.context_parallel import ContextLayout, RingGroup, ring_attention, token_logprobs
+from tether.rl.context_parallel import TILE_TOKENS, ContextLayout, RingGroup, ring_attention, token_logprobs
 from tether.rl.parity import compare_with_single
 from tether.rl.sections import LearnerSection, OptimSection
 from tether.web import free_port
@@ -75,8 +76,9 @@ def _cases() -> list[tuple[str, DenseBatch]]:
 
 
 def _check_ring(ring: RingGroup) -> None:
-    """Every case's ring attention on `ring` against one-rank attention of the whole sequence."""
-    for name, batch in _cases():
+    """Every case's ring attention on `ring` against one-rank attention of the whole sequence, in whole
+    chunks and in 3-token tiles (tile boundaries inside chunks and documents)."""
+    for (name, batch), tile_tokens in itertools.product(_cases(), (TILE_TOKENS, 3)):
         tokens = batch.input_ids.numel()
         generator = torch.Generator().manual_seed(tokens)
         q, k, v = (torch.randn(tokens, heads, 8, generator=generator) for heads in (4, 2, 2))
@@ -84,14 +86,14 @@ def _check_ring(ring: RingGroup) -> None:
         full = [t.clone().requires_grad_() for t in (q, k, v)]
         expected = _reference(full[0], full[1], full[2], batch, 0.35)
         torch.autograd.backward((expected * weights).sum())
-        layout = ContextLayout.of(batch, ring.size)
+        layout = ContextLayout.of(batch, ring.size, tile_tokens)
         mine = layout.indices(ring.rank)
         held = torch.where(mine < tokens, mine, 0)
         real = (mine < tokens) & (batch.segments.reshape(-1)[held] > 0)  # a row's padding: unseen
         local = [t[held].clone().requires_grad_() for t in (q, k, v)]
         out = ring_attention(local[0], local[1], local[2], layout, ring, 0.35)
         torch.autograd.backward((out[real] * weights[mine[real]]).sum())
-        where = f"{name}, rank {ring.rank} of {ring.size}"
+        where = f"{name}, rank {ring.rank} of {ring.size}, {tile_tokens}-token tiles"
         torch.testing.assert_close(out[real], expected[mine[real]], atol=1e-5, rtol=1e-5, msg=where)
         for got, want, which in zip(local, full, "qkv", strict=True):
             assert got.grad is not None and want.grad is not None
@@ -157,7 +159,12 @@ def test_learner_steps_over_context_parallel_ranks_equal_the_single_learner(
     # Two ranks holding halves of every micro-batch's row (FSDP shards over both), two steps.
     learner = LearnerSection(strategy=Strategy.FSDP, world_size=2, context_parallel=2)
     result = compare_with_single(
-        tiny_model("llama"), steps=2, optim=OptimSection(lr=1e-4, micro_batch=2), prompts=3, learner=learner
+        tiny_model("llama"),
+        steps=2,
+        optim=OptimSection(lr=1e-4, micro_batch=2),
+        prompts=3,
+        learner=learner,
+        start_method="fork",
     )
     print(result)
     assert result["fsdp2_max_loss_diff_vs_single"] < 1e-5
@@ -177,6 +184,7 @@ def test_data_and_context_parallel_ranks_together_equal_the_single_learner(
         optim=OptimSection(lr=1e-4, micro_batch=2),
         prompts=3,
         learner=learner,
+        start_method="fork",
     )
     print(result)
     assert result["fsdp2_max_loss_diff_vs_single"] < 1e-5

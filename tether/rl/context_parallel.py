@@ -6,13 +6,14 @@ has about the same number of visible query-key pairs). Everything in the model b
 token, so each rank runs the training forward on its own tokens only (`dense.hidden_states` with an
 `attend`); `ring_attention` computes each layer's attention by passing K/V blocks around the ring
 (`batch_isend_irecv`: gloo on CPU, NCCL on CUDA; the next block's transfer overlaps the current block's
-compute), merging the partial results by their log-sum-exp. Who sees whom is the dense forward's rule
-(a token sees the earlier tokens of its own document and the whole of its document's context), decided
-per chunk pair from O(T) per-token tables every rank holds; a pair with no visible key is skipped. The
-backward runs the ring again from the saved q, k, v, output and log-sum-exp (FlashAttention-2's
-recomputation): the score blocks are recomputed, dQ stays home and each block's dK/dV travels with it,
-arriving home after the last step. No [T, T] tensor exists, and nothing of size chunk x chunk outlives
-the computation of one chunk pair. `token_logprobs` is `dense.token_logprobs` over the group: each rank
+compute), merging the partial results by their log-sum-exp. A block is computed in tiles of at most `TILE_TOKENS`
+queries x keys, so the largest temporary is one tile's scores whatever the length. Who sees whom is the
+dense forward's rule (a token sees the earlier tokens of its own document and the whole of its
+document's context), decided per tile pair from O(T) per-token tables every rank holds; a tile pair with
+no visible key is skipped. The backward runs the ring again from the saved q, k, v, output and
+log-sum-exp (FlashAttention-2's recomputation): the score tiles are recomputed, dQ stays home and each
+block's dK/dV travels with it, arriving home after the last step. No [T, T] tensor exists, in pieces
+or whole: what is saved for backward is O(T / ranks) a rank. `token_logprobs` is `dense.token_logprobs` over the group: each rank
 scores the tokens whose hidden state it holds and the ranks sum the vectors (the backward is the
 identity, since every rank computes the same loss from the summed logprobs).
 
@@ -25,7 +26,7 @@ handled here (they would only narrow the visible-pair rule).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -37,6 +38,9 @@ import torch.distributed as dist
 from tether.errors import ConfigError
 from tether.models.dense import DenseBatch, head_logprobs, hidden_states
 from tether.models.transformer import CausalLM
+
+# Queries and keys per score tile: [heads, 512, 512] float32 is 1 MiB a head, whatever the length.
+TILE_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +100,12 @@ class ContextLayout:
     ranks: int
     chunk: int
     tokens: int  # real tokens; those from `tokens` to 2 x ranks x chunk are padding
+    tile_tokens: int  # queries and keys per score tile: a tile's scores are the largest temporary
     documents: torch.Tensor  # LongTensor[padded]: the document of each token (padding: its own)
     contexts: torch.Tensor  # LongTensor[padded]: the document each token also sees whole (-1: none)
 
     @classmethod
-    def of(cls, batch: DenseBatch, ranks: int) -> ContextLayout:
+    def of(cls, batch: DenseBatch, ranks: int, tile_tokens: int = TILE_TOKENS) -> ContextLayout:
         """The layout of `batch`'s rows, one after the other (a row's documents are its own)."""
         rows, width = batch.input_ids.shape
         per_row = int(batch.segments.max()) + 1
@@ -111,10 +116,12 @@ class ContextLayout:
             if d.context_length:
                 first = d.row * width + d.start
                 contexts[first : first + d.length] = documents[d.row * width + d.context_start]
-        return cls.split(documents, contexts, ranks)
+        return cls.split(documents, contexts, ranks, tile_tokens)
 
     @classmethod
-    def split(cls, documents: torch.Tensor, contexts: torch.Tensor, ranks: int) -> ContextLayout:
+    def split(
+        cls, documents: torch.Tensor, contexts: torch.Tensor, ranks: int, tile_tokens: int = TILE_TOKENS
+    ) -> ContextLayout:
         """Tokens with these documents and contexts (LongTensor[T] each; -1: no context) over `ranks`."""
         tokens = documents.numel()
         if ranks < 1:
@@ -124,6 +131,8 @@ class ContextLayout:
                 f"a {tokens}-token forward cannot be split over context_parallel = {ranks} ranks: every "
                 f"rank needs at least one token; use fewer ranks or longer micro-batches"
             )
+        if tile_tokens < 1:
+            raise ValueError(f"tile_tokens = {tile_tokens}: expected at least 1")
         if contexts.shape != documents.shape:
             raise ValueError(f"{contexts.numel()} contexts for {tokens} tokens")
         chunk = -(-tokens // (2 * ranks))
@@ -135,7 +144,7 @@ class ContextLayout:
         contexts = torch.cat(
             (contexts.to(device), torch.full((padding,), -1, dtype=torch.long, device=device))
         )
-        return cls(ranks, chunk, tokens, documents, contexts)
+        return cls(ranks, chunk, tokens, tile_tokens, documents, contexts)
 
     def order(self, rank: int) -> tuple[int, int]:
         """Which chunks of the sequence `rank` holds: r and 2 x ranks - 1 - r."""
@@ -164,21 +173,37 @@ class ContextLayout:
         return sees & (keys[None, :] <= queries[:, None])
 
 
-def _pairs(layout: ContextLayout, rank: int, source: int) -> list[tuple[slice, slice, torch.Tensor | None]]:
-    """The chunk pairs of `rank`'s queries and `source`'s keys that see something: (query slice, key
-    slice, mask or None where every key is seen), as slices of the two ranks' local tokens."""
-    pairs = []
-    for a, (query_chunk, queries) in enumerate(zip(layout.order(rank), layout.chunks(rank), strict=True)):
-        for b, (key_chunk, keys) in enumerate(zip(layout.order(source), layout.chunks(source), strict=True)):
-            if key_chunk > query_chunk:  # every key after every query: causally invisible
+def _tiles(layout: ContextLayout, rank: int) -> list[tuple[slice, int]]:
+    """`rank`'s local tokens in tiles of at most `layout.tile_tokens`, none across its two chunks: (local
+    slice, flat index of its first token)."""
+    tiles = []
+    for a, chunk in enumerate(layout.order(rank)):
+        for offset in range(0, layout.chunk, layout.tile_tokens):
+            end = min(offset + layout.tile_tokens, layout.chunk)
+            tiles.append(
+                (slice(a * layout.chunk + offset, a * layout.chunk + end), chunk * layout.chunk + offset)
+            )
+    return tiles
+
+
+def _pairs(
+    layout: ContextLayout, rank: int, source: int
+) -> Iterator[tuple[slice, slice, torch.Tensor | None]]:
+    """The tile pairs of `rank`'s queries and `source`'s keys that see something: (query slice, key
+    slice, mask or None where every key is seen), as slices of the two ranks' local tokens. One mask
+    at a time: each exists only while its pair is computed."""
+    device = layout.documents.device
+    for queries, first_query in _tiles(layout, rank):
+        last_query = first_query + queries.stop - queries.start - 1
+        for keys, first_key in _tiles(layout, source):
+            if first_key > last_query:  # every key after every query: causally invisible
                 continue
-            mask = layout.visible(queries, keys)
-            if not bool(mask.any()):
-                continue
-            local_q = slice(a * layout.chunk, (a + 1) * layout.chunk)
-            local_k = slice(b * layout.chunk, (b + 1) * layout.chunk)
-            pairs.append((local_q, local_k, None if bool(mask.all()) else mask))
-    return pairs
+            mask = layout.visible(
+                torch.arange(first_query, last_query + 1, device=device),
+                torch.arange(first_key, first_key + keys.stop - keys.start, device=device),
+            )
+            if bool(mask.any()):
+                yield queries, keys, None if bool(mask.all()) else mask
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
