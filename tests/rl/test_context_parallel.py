@@ -5,7 +5,7 @@ step over context-parallel ranks equals the single learner's, and bad layouts ar
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,6 +25,10 @@ from tether.rl.context_parallel import TILE_TOKENS, ContextLayout, RingGroup, ri
 from tether.rl.parity import compare_with_single
 from tether.rl.sections import LearnerSection, OptimSection
 from tether.web import free_port
+
+from .test_fsdp import _run
+from .test_resume import _stable
+from .test_trainer import tiny_config
 
 _TIMEOUT_S = 60.0  # a rank left waiting by a failed one gives up instead of hanging the suite
 
@@ -235,3 +239,23 @@ def test_the_zigzag_layout_gives_each_rank_a_chunk_from_each_end() -> None:
     seen = layout.visible(torch.arange(16), torch.arange(16))
     assert seen[13].tolist() == [j == 13 for j in range(16)]
     assert not seen[:13, 13:].any()
+
+
+@pytest.mark.slow
+def test_a_training_run_with_context_parallel_ranks_matches_the_single_learner(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    # The whole path: `tether train`'s config, rank 1 started by the trainer, KL to the frozen reference
+    # (its logprobs also computed over the ring).
+    sections: dict[str, Mapping[str, object]] = {
+        "optim": {"lr": 1e-5, "micro_batch": 3},
+        "run": {"steps": 2},
+        "algorithm": {"kl_coef": 0.1},
+    }
+    model = tiny_model("llama")
+    _, expected = _run(tiny_config(model, tmp_path / "single", **sections))
+    context = {"strategy": "fsdp", "world_size": 2, "context_parallel": 2}
+    _, got = _run(tiny_config(model, tmp_path / "ring", learner=context, **sections))
+    assert [m["step"] for m in got] == [m["step"] for m in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert _stable(a) == pytest.approx(_stable(b), abs=1e-5)
