@@ -48,7 +48,9 @@ def _run_ranks(rank: Callable[..., None], world_size: int, *args: object) -> Non
     """`rank(r, world_size, port, *args)` in `world_size` processes; a failure in any fails the test and
     ends the others. Forked, not spawned: a child starts with this process's imports (a spawned one
     re-imports torch and tether, seconds each on a shared machine)."""
-    start_processes(rank, args=(world_size, free_port(), *args), nprocs=world_size, start_method="fork")  # type: ignore[no-untyped-call]
+    start_processes(  # type: ignore[no-untyped-call]
+        rank, args=(world_size, free_port(), *args), nprocs=world_size, start_method="fork"
+    )
 
 
 def _reference(

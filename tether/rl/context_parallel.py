@@ -6,22 +6,23 @@ has about the same number of visible query-key pairs). Everything in the model b
 token, so each rank runs the training forward on its own tokens only (`dense.hidden_states` with an
 `attend`); `ring_attention` computes each layer's attention by passing K/V blocks around the ring
 (`batch_isend_irecv`: gloo on CPU, NCCL on CUDA; the next block's transfer overlaps the current block's
-compute), merging the partial results by their log-sum-exp. A block is computed in tiles of at most `TILE_TOKENS`
-queries x keys, so the largest temporary is one tile's scores whatever the length. Who sees whom is the
-dense forward's rule (a token sees the earlier tokens of its own document and the whole of its
-document's context), decided per tile pair from O(T) per-token tables every rank holds; a tile pair with
-no visible key is skipped. The backward runs the ring again from the saved q, k, v, output and
+compute), merging the partial results by their log-sum-exp. A block is computed in tiles of at most
+`TILE_TOKENS` queries x keys, so the largest temporary is one tile's scores whatever the length. Who
+sees whom is the dense forward's rule (a token sees the earlier tokens of its own document and the whole
+of its document's context), decided per tile pair from O(T) per-token tables every rank holds; a tile
+pair with no visible key is skipped. The backward runs the ring again from the saved q, k, v, output and
 log-sum-exp (FlashAttention-2's recomputation): the score tiles are recomputed, dQ stays home and each
-block's dK/dV travels with it, arriving home after the last step. No [T, T] tensor exists, in pieces
-or whole: what is saved for backward is O(T / ranks) a rank. `token_logprobs` is `dense.token_logprobs` over the group: each rank
-scores the tokens whose hidden state it holds and the ranks sum the vectors (the backward is the
-identity, since every rank computes the same loss from the summed logprobs).
+block's dK/dV travels with it, arriving home after the last step. No [T, T] tensor exists, in pieces or
+whole: what is saved for backward is O(T / ranks) a rank. `token_logprobs` is `dense.token_logprobs`
+over the group: each rank scores the tokens whose hidden state it holds and the ranks sum the vectors
+(the backward is the identity, since every rank computes the same loss from the summed logprobs).
 
 Why not `torch.distributed.tensor.experimental.context_parallel`: its ring dispatches only CUDA SDPA
 kernels (flash, memory-efficient, cuDNN; the CPU flash kernel is not handled), refuses any `attn_mask`
 (our packed rows need document and shared-prompt masks) and works on DTensors; its flex-attention path
 all-gathers every K/V instead of passing blocks and needs `torch.compile`. Sliding-window layers are not
-handled here (they would only narrow the visible-pair rule).
+handled here (they would only narrow the visible-pair rule). Scores are plain matmuls in float32, not a
+fused kernel: a CUDA flash kernel that returns the log-sum-exp could replace `_scores` per tile.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class RingGroup:
                 f"learner.context_parallel = {size} does not divide the {world} learner ranks: "
                 f"use a divisor of learner.world_size"
             )
-        group, _ = dist.new_subgroups(group_size=size, timeout=timedelta(seconds=timeout_s))  # type: ignore[no-untyped-call]
+        timeout = timedelta(seconds=timeout_s)
+        group, _ = dist.new_subgroups(group_size=size, timeout=timeout)  # type: ignore[no-untyped-call]
         assert group is not None
         first = dist.get_rank() // size * size
         return cls(group, dist.get_rank(group), size, tuple(range(first, first + size)))
