@@ -14,7 +14,7 @@ bit (with batch-invariant projections: see `layers.Linear`). It does not sample,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,11 @@ import torch.nn.functional as F
 from tether.kernels.attention import AttentionKernel, kernel_for, native_attention
 from tether.models.layers import RotaryEmbedding
 from tether.models.transformer import Attention, CausalLM, DecoderLayer
+
+# An attention over flat tokens the forward can be given instead of its own (e.g. a ring over the ranks
+# that hold the other tokens, `tether.rl.context_parallel`): (q [N, heads, head_dim], k and v
+# [N, kv_heads, head_dim], scale) -> [N, heads, head_dim].
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,9 +300,10 @@ def _attention(
     cos_sin: tuple[torch.Tensor, torch.Tensor],
     blocks: tuple[AttentionBlock, ...],
     tables: tuple[torch.Tensor, torch.Tensor] | None,
+    attend: Attend | None = None,
 ) -> torch.Tensor:
     """`Attention.forward`'s computation over [R, T, hidden], each document over its own keys instead
-    of the paged cache."""
+    of the paged cache (or by `attend`, when given)."""
     rows, width, _ = x.shape
     flat = x.reshape(rows * width, -1)
     q = attn.q_proj(flat).view(rows * width, attn.num_heads, attn.head_dim)
@@ -308,24 +314,28 @@ def _attention(
     cos, sin = cos_sin
     q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
     kernel = kernel_for(q, k, v)
-    if tables is not None and kernel is not AttentionKernel.TORCH_SDPA:
-        out: torch.Tensor = _EngineAttention.apply(q, k, v, blocks, *tables, attn.scale, kernel)  # type: ignore[no-untyped-call]
+    out: torch.Tensor
+    if attend is not None:
+        out = attend(q, k, v, attn.scale)
+    elif tables is not None and kernel is not AttentionKernel.TORCH_SDPA:
+        out = _EngineAttention.apply(q, k, v, blocks, *tables, attn.scale, kernel)  # type: ignore[no-untyped-call]
     else:
         out = _sdpa(q, k, v, blocks, attn.scale)
     projected: torch.Tensor = attn.o_proj(out.reshape(rows * width, -1))
     return projected.view(rows, width, -1)
 
 
-def hidden_states(model: CausalLM, batch: DenseBatch) -> torch.Tensor:
-    """Final-norm hidden states [R, T, hidden] of every token of the batch."""
+def hidden_states(model: CausalLM, batch: DenseBatch, attend: Attend | None = None) -> torch.Tensor:
+    """Final-norm hidden states [R, T, hidden] of every token of the batch; with `attend`, every
+    layer's attention is that function's (the batch's documents are then not read)."""
     decoder = model.model
     x = decoder.embed_tokens(batch.input_ids)
     cos_sin = decoder.rotary.cos_sin(batch.positions.reshape(-1))
-    blocks = batch.attention_blocks()
-    tables = batch.key_tables() if x.device.type == "cpu" else None
+    blocks = batch.attention_blocks() if attend is None else ()
+    tables = batch.key_tables() if x.device.type == "cpu" and attend is None else None
     for layer in decoder.layers:
         assert isinstance(layer, DecoderLayer)
-        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, blocks, tables)
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, blocks, tables, attend)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out: torch.Tensor = decoder.norm(x)
     return out
@@ -358,12 +368,20 @@ def token_logprobs(
     device = hidden.device
     row_index = torch.tensor(rows, dtype=torch.long, device=device)
     picked = hidden[row_index, torch.tensor(columns, dtype=torch.long, device=device)]
-    logits = model.lm_head(picked).float()
     tokens = batch.input_ids[row_index, torch.tensor(wanted, dtype=torch.long, device=device)]
+    logprobs = head_logprobs(model, picked, tokens, temperature)
+    sizes = [end - start for start, end in targets]
+    return list(torch.split(logprobs, sizes))
+
+
+def head_logprobs(
+    model: CausalLM, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Logprob [N] of `tokens` [N] under the output head over final hidden states [N, hidden]."""
+    logits = model.lm_head(hidden).float()
     # The engine's sampler's own normalisation (`tether.engine.sampling`), so the values agree bit for bit.
     if temperature > 0:
         logprobs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
     else:
         logprobs = logits.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-    sizes = [end - start for start, end in targets]
-    return list(torch.split(logprobs, sizes))
+    return logprobs

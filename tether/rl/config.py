@@ -68,6 +68,24 @@ class TrainConfig(Section):
                 f"learner.world_size = {learner.world_size} with learner.strategy = 'single': "
                 "set learner.strategy = 'fsdp' to train on several ranks"
             )
+        if learner.context_parallel > 1:
+            if learner.strategy is not Strategy.FSDP:
+                raise ValueError(
+                    f"learner.context_parallel = {learner.context_parallel} with learner.strategy = "
+                    f"'single': context parallelism splits sequences over the ranks of learner.strategy = "
+                    f"'fsdp' (learner.world_size a multiple of it)"
+                )
+            if learner.world_size % learner.context_parallel:
+                raise ValueError(
+                    f"learner.context_parallel = {learner.context_parallel} does not divide "
+                    f"learner.world_size = {learner.world_size}: each group of context_parallel ranks "
+                    f"splits one micro-batch, so world_size must be a multiple of it"
+                )
+            if self.run.backend is Backend.RAY:
+                raise ValueError(
+                    f"learner.context_parallel = {learner.context_parallel} with run.backend = 'ray': "
+                    "context-parallel ranks are started by tether or torchrun (run.backend = 'local')"
+                )
         if learner.strategy is Strategy.FSDP:
             if self.model.dtype is DType.FLOAT16:
                 # Loss scaling skips a step whose gradients overflowed: every rank would have to agree.

@@ -240,7 +240,13 @@ class Learner:
         batch = DenseBatch.shared_prefix(groups).to(self.device)
         targets = [(s.completion_start, len(s.token_ids)) for row in rows for s in row]
         with self._autocast():
-            return token_logprobs(model, batch, targets, self.temperature)
+            return self._token_logprobs(model, batch, targets)
+
+    def _token_logprobs(
+        self, model: CausalLM, batch: DenseBatch, targets: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """The training forward of one packed batch (here: the whole batch in this process)."""
+        return token_logprobs(model, batch, targets, self.temperature)
 
     def step(self, samples: Sequence[Sample]) -> LearnStats:
         """One optimizer update over every sample (accumulated over micro-batches)."""

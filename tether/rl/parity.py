@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.multiprocessing.spawn import spawn
+from torch.multiprocessing.spawn import start_processes
 
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
@@ -110,13 +110,15 @@ def compare_with_single(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     batches: Sequence[list[Sample]] | None = None,
+    start_method: str = "spawn",
 ) -> dict[str, float]:
     """Train `model` (a registered name or HF folder) `steps` steps single and as `world_size` FSDP2
     ranks on the same batches; returns the largest |difference| of losses and of final weights, the
     per-rank parameter + optimizer bytes of each (rank 0's shard is FSDP's largest) and their ratio,
     and the mean step time of each (on this machine the ranks share its cores). `options`: more
     arguments of both learners (e.g. `compute_dtype`); `batches`: what to train on instead of the
-    seeded on-policy ones, a step each (`steps` is then their number)."""
+    seeded on-policy ones, a step each (`steps` is then their number); `start_method`: how the ranks
+    start ("fork" skips re-importing torch and tether in each, where this process may fork)."""
     optim = optim or OptimSection(lr=1e-6, micro_batch=2)
     section = learner or LearnerSection(strategy=Strategy.FSDP, world_size=world_size)
     steps = len(batches) if batches is not None else steps
@@ -137,7 +139,7 @@ def compare_with_single(
     single_s = (time.perf_counter() - started) / steps
     with tempfile.TemporaryDirectory(prefix="tether-parity-") as tmp:
         out = Path(tmp) / "sharded.pt"
-        spawn(  # type: ignore[no-untyped-call]
+        start_processes(  # type: ignore[no-untyped-call]
             _sharded_rank,
             args=(
                 world_size,
@@ -150,6 +152,7 @@ def compare_with_single(
                 out,
             ),
             nprocs=world_size,
+            start_method=start_method,
         )
         sharded = torch.load(out)
     weights = dict(single.model.named_parameters())

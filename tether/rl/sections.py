@@ -387,6 +387,13 @@ class LearnerSection(Section):
     prefetch: int = Field(
         1, ge=0, le=4, description="fsdp: layers whose all-gathers are issued ahead of compute (0: none)."
     )
+    context_parallel: int = Field(
+        1,
+        ge=1,
+        description="fsdp: ranks that split each micro-batch's token row between them, attention by ring "
+        "exchange of K/V blocks (`context_parallel.py`); groups of consecutive ranks, world_size / "
+        "context_parallel of them training on different prompt groups. 1: off.",
+    )
     async_checkpoint: bool = Field(
         False, description="Write checkpoints in the background (torch.distributed.checkpoint.async_save)."
     )

@@ -6,6 +6,11 @@ to do (step, gather weights, save, load, stop); they wait in `follow()`. A step 
 share of the batch's prompt groups (a deterministic split), with losses divided by the whole batch's
 counts and gradients summed (not averaged) across ranks, so the update equals the single-process one up
 to float summation order; the statistics are reduced so every strategy reports the same `learner/*`.
+With `context_parallel` = C > 1, groups of C consecutive ranks compute the same micro-batches, each
+holding a share of every micro-batch's token row (`context_parallel.py`: attention by ring exchange); the
+data split is over the world_size / C groups. FSDP still shards and sums over every rank: a rank's
+gradient is its tokens' part of its group's, so the sum over all ranks is the whole batch's. The loss and
+its statistics are computed alike by every rank of a group, and counted once.
 
 The dense training forward calls a layer's norms, projections and MLP one by one, never the layer
 itself, so each layer's FSDP unit is the group of its modules that own parameters (`fully_shard` of a
@@ -29,7 +34,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.errors import ConfigError
+from tether.models.dense import DenseBatch
 from tether.models.transformer import CausalLM, DecoderLayer
+from tether.rl.context_parallel import RingGroup, token_logprobs
 from tether.rl.distributed import LearnerGroup
 from tether.rl.learner import Learner, LearnStats, Ratios, check_compute_dtype
 from tether.rl.losses import Normaliser
@@ -148,6 +155,14 @@ class ShardedLearner(Learner):
             )
         check_compute_dtype(compute_dtype, group.device)
         self.group = group
+        # Every rank creates every ring's process group, before FSDP's first collective.
+        self.ring = (
+            RingGroup.open(options.context_parallel, options.timeout_s)
+            if options.context_parallel > 1
+            else None
+        )
+        context = self.ring.size if self.ring is not None else 1
+        self.data_ranks, self.data_rank = group.world_size // context, group.rank // context
         self.root = shard_model(model.train().requires_grad_(True), group, options, compute_dtype)
         super().__init__(
             model, compute_dtype=compute_dtype, **learner
@@ -225,10 +240,17 @@ class ShardedLearner(Learner):
         outputs: list[torch.Tensor] = self.root(functools.partial(Learner._logprobs, self, model, rows))
         return outputs
 
+    def _token_logprobs(
+        self, model: CausalLM, batch: DenseBatch, targets: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        if self.ring is None:
+            return super()._token_logprobs(model, batch, targets)
+        return token_logprobs(model, batch, targets, self.temperature, self.ring)
+
     def _micro_batches(self, samples: Sequence[Sample], trained: Sequence[bool]) -> list[list[Row]]:
         """This rank's micro-batches, padded with empty ones to the most any rank has: every rank must
         run as many forwards and backwards, since each gathers and reduces with the others."""
-        mine = split_groups(samples, trained, self.group.world_size)[self.group.rank]
+        mine = split_groups(samples, trained, self.data_ranks)[self.data_rank]
         batches = super()._micro_batches(samples, mine)
         count = torch.tensor([len(batches)], dtype=torch.long)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -266,6 +288,8 @@ class ShardedLearner(Learner):
             dtype=torch.float64,
         )
         highs = torch.tensor([ratios.high, ratios.gap, -ratios.low], dtype=torch.float64)
+        if self.ring is not None and self.ring.rank > 0:
+            sums.zero_()  # its group's first rank counts the statistics every rank of it computed alike
         dist.all_reduce(sums)
         dist.all_reduce(highs, op=dist.ReduceOp.MAX)
         for name, value in zip(names, sums[:4].tolist(), strict=True):
