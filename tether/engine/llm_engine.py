@@ -49,6 +49,7 @@ from tether.engine.weight_update import (
     parameter_shapes,
 )
 from tether.errors import ConfigError
+from tether.kernels.blockwise import LongChunkAttention
 from tether.models import load
 from tether.models.governor import ThreadGovernor
 
@@ -81,7 +82,8 @@ class LLMEngine:
             runner.governor = ThreadGovernor()
         self.config = config
         self.block_manager = BlockManager.from_config(config)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(config, self.block_manager, kv_window=runner.config.kv_window)
+        runner.long_chunks = LongChunkAttention(config.attention_block_tokens, config.blockwise_min_context)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
         self.policy_version = 0
