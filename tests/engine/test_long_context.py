@@ -34,7 +34,7 @@ def dense_greedy_tokens(folder: Path, sequence: list[int], prompt_len: int) -> l
     model, _, _ = load(folder)
     with torch.no_grad():
         logits = model.lm_head(hidden_states(model, DenseBatch.padded([sequence])))[0]
-    return logits[prompt_len - 1 : -1].argmax(dim=-1).tolist()
+    return [int(t) for t in logits[prompt_len - 1 : -1].argmax(dim=-1)]
 
 
 @pytest.mark.parametrize("architecture", ["mistral", "qwen2-window"])
