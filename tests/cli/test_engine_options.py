@@ -4,7 +4,9 @@ whose loading error would come first otherwise)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -38,3 +40,21 @@ def test_a_bad_device_or_dtype_fails_before_the_model_loads(
     output = " ".join(result.output.split())
     assert result.exit_code == 2, output
     assert f"error: {expected}" in output
+
+
+def test_serve_passes_the_block_wise_attention_settings_to_the_engine(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tether.serving.launcher as launcher
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(launcher, "listen", lambda host, port: None)
+    monkeypatch.setattr(launcher, "serve", lambda folder, **options: seen.update(options))
+    arguments = ["serve", "--model", str(tiny_model("llama"))]
+    result = runner.invoke(
+        app, [*arguments, "--attention-block-tokens", "256", "--blockwise-min-context", "8192"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (seen["attention_block_tokens"], seen["blockwise_min_context"]) == (256, 8192)
+    result = runner.invoke(app, [*arguments, "--attention-block-tokens", "-1"])
+    assert result.exit_code == 2 and "--attention-block-tokens" in result.output
