@@ -150,6 +150,7 @@ class AttentionMetadata:
         return cls(slot_mapping, views, long_chunks)
 
     def view(self, window: int | None) -> WindowView:
+        assert window in self.views, f"no view for window {window}: build with the model's layer_windows"
         return self.views[window]
 
 
