@@ -99,6 +99,8 @@ def test_max_model_len_and_rope_scaling_reach_the_engine(
     assert given["max_model_len"] == 32768
     assert given["rope_scaling"] == RopeScaling(rope_type="yarn", factor=4.0)
     assert given["kv_cache_mib"] == 64 or command == "serve"
+
+
 def test_serve_passes_the_block_wise_attention_settings_to_the_engine(
     tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
