@@ -33,7 +33,7 @@ def test_empty_cache_lists_nothing(tmp_path: Path) -> None:
     [
         ({"architectures": ["MistralForCausalLM"]}, r"MistralForCausalLM.*LlamaForCausalLM"),
         ({"architectures": []}, "not supported"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, r"'yarn'.*llama3"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, r"'longrope'.*yarn, llama3"),
         ({"use_sliding_window": True}, "sliding-window"),
     ],
 )

@@ -23,6 +23,7 @@ import torch
 
 from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
+from tether.engine.context_limits import kv_cache_blocks, resolve_max_model_len
 from tether.engine.grammar import GrammarCompiler, TokenMasks, compile_grammar
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.request import Completion, EngineRequest, RequestOutput, sample_seeds
@@ -50,6 +51,7 @@ from tether.engine.weight_update import (
 )
 from tether.errors import ConfigError
 from tether.models import load
+from tether.models.config import RopeScaling
 from tether.models.governor import ThreadGovernor
 
 if TYPE_CHECKING:
@@ -123,26 +125,27 @@ class LLMEngine:
         quantization: str | None = None,
         speculative: SpeculativeConfig | None = None,
         weight_update: WeightUpdateConfig | None = None,
+        max_model_len: int | None = None,
+        rope_scaling: RopeScaling | None = None,
         **engine_options: Any,
     ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
-        """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`."""
+        """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`.
+
+        `rope_scaling` replaces the model's own (`tether.models.load`); `max_model_len` is checked against
+        the model's context limit and the cache (`context_limits`), None taking the default there."""
         model, tokenizer, model_config = load(
-            path_or_name, cache_dir, device=device, dtype=dtype, quantization=quantization
+            path_or_name,
+            cache_dir,
+            device=device,
+            dtype=dtype,
+            quantization=quantization,
+            rope_scaling=rope_scaling,
         )
         block_size = int(engine_options.pop("block_size", 16))
-        bytes_per_block = (
-            2
-            * model_config.num_layers
-            * block_size
-            * model_config.num_kv_heads
-            * model_config.head_dim
-            * torch.empty((), dtype=dtype).element_size()
-        )
-        num_blocks = max(1, kv_cache_mib * 1024 * 1024 // bytes_per_block)
-        longest = min(model_config.max_position_embeddings, 4096, num_blocks * block_size)
-        max_model_len = int(engine_options.pop("max_model_len", longest))
+        num_blocks = kv_cache_blocks(model_config, kv_cache_mib, block_size, dtype)
+        longest = resolve_max_model_len(model_config, max_model_len, kv_cache_mib, block_size, dtype)
         config = EngineConfig(
-            num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len, **engine_options
+            num_blocks=num_blocks, block_size=block_size, max_model_len=longest, **engine_options
         )
         runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
         grammars = GrammarCompiler.for_tokenizer(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tether.models.cache import CachedModel, PullError, list_cached, pull
-    from tether.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
+    from tether.models.config import ARCHITECTURES, ModelConfig, RopeScaling, UnsupportedModelError
     from tether.models.loader import load
     from tether.models.quantize import (
         QUANTIZERS,
@@ -31,6 +31,7 @@ _EXPORTS = {
     "pull": "cache",
     "ARCHITECTURES": "config",
     "ModelConfig": "config",
+    "RopeScaling": "config",
     "UnsupportedModelError": "config",
     "load": "loader",
     "QUANTIZERS": "quantize",
@@ -56,6 +57,7 @@ __all__ = [
     "PullError",
     "QuantizationError",
     "QuantizedLinear",
+    "RopeScaling",
     "UnknownModelError",
     "UnsupportedModelError",
     "configure_threads",

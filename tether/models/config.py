@@ -1,14 +1,16 @@
 """The architecture of a causal LM as read from a Hugging Face `config.json`.
 
 Only the fields our own model code uses are kept; anything we cannot honour (an unknown architecture, a
-rope scaling we do not implement, sliding-window attention) is rejected here with a clear message rather
-than silently computing something different.
+rope scaling we do not implement or that lacks a field, sliding-window attention) is rejected here with a
+clear message rather than silently computing something different.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +36,214 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "Qwen3ForCausalLM": ArchitectureTraits(qkv_bias=False, qk_norm=True),
 }
 
-ROPE_TYPES = ("default", "linear", "llama3")
+
+class RopeType(StrEnum):
+    """How rotary frequencies are scaled past the pretraining length (transformers' `rope_type`)."""
+
+    DEFAULT = "default"
+    LINEAR = "linear"
+    DYNAMIC = "dynamic"
+    YARN = "yarn"
+    LLAMA3 = "llama3"
+
+
+# Keys transformers requires (beyond rope_type) before it computes a type's frequencies; its own
+# standardisation fills `original_max_position_embeddings` and `rope_theta`, so neither is required.
+_REQUIRED_KEYS: dict[RopeType, tuple[str, ...]] = {
+    RopeType.DEFAULT: (),
+    RopeType.LINEAR: ("factor",),
+    RopeType.DYNAMIC: ("factor",),
+    RopeType.YARN: ("factor",),
+    RopeType.LLAMA3: ("factor", "low_freq_factor", "high_freq_factor"),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """Rotary frequency scaling; `llama3` fields are unused by the other types."""
+    """Rotary frequency scaling as transformers 5.24 computes it (`modeling_rope_utils`); each type reads
+    only its own fields. `dynamic` (NTK-aware) in transformers re-derives its base from the length of the
+    sequence in every forward; an engine with a KV cache cannot re-rotate the keys it holds, so here (as
+    in vLLM) the base is fixed for the longest sequence the scaling allows, `factor` times
+    max_position_embeddings: transformers' result for a sequence of exactly that length."""
 
-    rope_type: str = "default"
+    rope_type: RopeType | str = RopeType.DEFAULT
+    """Accepts the enum or its value; stored as the enum."""
     factor: float = 1.0
+    """Context extension: positions supported are this many times the original length."""
+    original_max_position_embeddings: int | None = None
+    """Pretraining length (llama3, yarn); None: the model's max_position_embeddings (`resolved`).
+    `dynamic` always reads the model's max_position_embeddings, as transformers does."""
     low_freq_factor: float = 1.0
+    """llama3: wavelengths above original length / this are divided by `factor`."""
     high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    """llama3: wavelengths below original length / this are kept; those between are interpolated."""
+    beta_fast: float = 32.0
+    """yarn: rotations below which a dimension starts to be interpolated (extrapolated above)."""
+    beta_slow: float = 1.0
+    """yarn: rotations below which a dimension is fully interpolated."""
+    attention_factor: float | None = None
+    """yarn: multiplier of cos and sin; None: derived from `factor` (and `mscale`, `mscale_all_dim`)."""
+    mscale: float | None = None
+    """yarn (DeepSeek): with `mscale_all_dim`, the numerator's coefficient of the derived attention factor."""
+    mscale_all_dim: float | None = None
+    """yarn (DeepSeek): with `mscale`, the denominator's coefficient of the derived attention factor."""
+    truncate: bool = True
+    """yarn: round the correction range outward to whole dimensions."""
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_TYPES:
+        try:
+            kind = RopeType(self.rope_type)
+        except ValueError:
+            accepted = ", ".join(t.value for t in RopeType)
             raise UnsupportedModelError(
-                f"rope scaling type {self.rope_type!r} is not supported; accepted: {', '.join(ROPE_TYPES)}"
+                f"rope scaling type {self.rope_type!r} is not supported; accepted: {accepted}"
+            ) from None
+        object.__setattr__(self, "rope_type", kind)
+        number = isinstance(self.factor, int | float) and not isinstance(self.factor, bool)
+        if not (number and math.isfinite(self.factor) and self.factor > 0):
+            raise UnsupportedModelError(
+                f"rope scaling {kind.value}: factor = {self.factor!r}: expected a positive number"
             )
+        original = self.original_max_position_embeddings
+        whole = isinstance(original, int) and not isinstance(original, bool)
+        if original is not None and not (whole and original >= 1):
+            raise UnsupportedModelError(
+                f"rope scaling {kind.value}: original_max_position_embeddings = {original!r}: expected a "
+                "positive integer"
+            )
+        if self.attention_factor is not None and not self.attention_factor > 0:
+            raise UnsupportedModelError(
+                f"rope scaling {kind.value}: attention_factor = {self.attention_factor!r}: expected a "
+                "positive number"
+            )
+
+    @classmethod
+    def from_dict(cls, rope: dict[str, Any], max_position_embeddings: int | None = None) -> RopeScaling:
+        """From a config's `rope_scaling`/`rope_parameters` object (the legacy `type` key included). A
+        yarn `factor` of null is transformers' max_position_embeddings / original length."""
+        kind_name = rope.get("rope_type") or rope.get("type") or RopeType.DEFAULT.value
+        kind = cls(rope_type=str(kind_name)).rope_type  # an unknown type fails here, by name
+        assert isinstance(kind, RopeType)
+        missing = [key for key in _REQUIRED_KEYS[kind] if key not in rope]
+        if missing:
+            raise UnsupportedModelError(
+                f"rope scaling {kind.value} needs {', '.join(missing)}; got {sorted(rope)}"
+            )
+        partial = rope.get("partial_rotary_factor", 1.0)
+        if partial != 1.0:
+            raise UnsupportedModelError(
+                f"rope scaling: partial_rotary_factor = {partial!r} is not supported; only 1.0 (every "
+                "dimension rotated)"
+            )
+        original = _number(rope, "original_max_position_embeddings", kind, None)
+        factor = _number(rope, "factor", kind, None)
+        if factor is None and kind is RopeType.YARN:  # as transformers: the ratio of the two lengths
+            factor = (max_position_embeddings or 0) / (original or max_position_embeddings or 1)
+        return cls(
+            rope_type=kind,
+            factor=1.0 if factor is None and kind is RopeType.DEFAULT else factor,
+            original_max_position_embeddings=None if original is None else _whole(original, kind),
+            low_freq_factor=_number(rope, "low_freq_factor", kind, 1.0),
+            high_freq_factor=_number(rope, "high_freq_factor", kind, 4.0),
+            # transformers reads these two with `or`: a null or 0 takes the default
+            beta_fast=_number(rope, "beta_fast", kind, None) or 32.0,
+            beta_slow=_number(rope, "beta_slow", kind, None) or 1.0,
+            attention_factor=_number(rope, "attention_factor", kind, None),
+            mscale=_number(rope, "mscale", kind, None),
+            mscale_all_dim=_number(rope, "mscale_all_dim", kind, None),
+            truncate=bool(rope.get("truncate", True)),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> RopeScaling:
+        """The command-line form: a JSON object as in a config.json (`{"rope_type": "yarn", "factor": 4}`)
+        or `TYPE:FACTOR` (`yarn:4`); `original_max_position_embeddings` defaults to the model's
+        max_position_embeddings. `default` alone turns scaling off."""
+        spec = text.strip()
+        if spec.startswith("{"):
+            try:
+                raw = json.loads(spec)
+            except json.JSONDecodeError as error:
+                raise UnsupportedModelError(f"rope scaling {text!r} is not valid JSON: {error}") from None
+            if not isinstance(raw, dict):
+                raise UnsupportedModelError(f"rope scaling {text!r}: expected a JSON object")
+            return cls.from_dict(raw)
+        kind, colon, factor = spec.partition(":")
+        if not colon and kind == RopeType.DEFAULT:
+            return cls()
+        accepted = "TYPE:FACTOR (e.g. yarn:4, with TYPE one of linear, dynamic, yarn) or a JSON object"
+        try:
+            value = float(factor)
+        except ValueError:
+            raise UnsupportedModelError(f"rope scaling {text!r}: expected {accepted}") from None
+        if kind == RopeType.LLAMA3:
+            raise UnsupportedModelError(
+                f"rope scaling {text!r}: llama3 also needs low_freq_factor and high_freq_factor; give a JSON "
+                "object"
+            )
+        return cls.from_dict({"rope_type": kind, "factor": value})
+
+    def resolved(self, max_position_embeddings: int) -> RopeScaling:
+        """This scaling with the original length filled in for a model of `max_position_embeddings`."""
+        if self.rope_type is RopeType.DYNAMIC or self.original_max_position_embeddings is None:
+            return replace(self, original_max_position_embeddings=max_position_embeddings)
+        return self
+
+    @property
+    def original_length(self) -> int:
+        assert self.original_max_position_embeddings is not None, "call `resolved` first"
+        return self.original_max_position_embeddings
+
+    @property
+    def attention_scaling(self) -> float:
+        """What cos and sin are multiplied by: yarn's attention factor, 1 for the other types."""
+        if self.rope_type is not RopeType.YARN:
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
+        return _yarn_mscale(self.factor, 1.0)
+
+    def context_limit(self, max_position_embeddings: int) -> int:
+        """Positions a model of `max_position_embeddings` supports with this scaling, by vLLM's rule:
+        linear and dynamic stretch max_position_embeddings by `factor`, yarn stretches its original length
+        (never below max_position_embeddings), llama3 and default keep max_position_embeddings (a llama3
+        config's is already the extended length)."""
+        if self.rope_type in (RopeType.LINEAR, RopeType.DYNAMIC):
+            return int(max_position_embeddings * self.factor)
+        if self.rope_type is RopeType.YARN:
+            original = self.original_max_position_embeddings or max_position_embeddings
+            return max(max_position_embeddings, int(original * self.factor))
+        return max_position_embeddings
+
+    def describe(self) -> str:
+        """`yarn x4`, or `no rope scaling`: for messages."""
+        if self.rope_type is RopeType.DEFAULT:
+            return "no rope scaling"
+        return f"{self.rope_type} x{self.factor:g}"
+
+
+def _whole(value: float, kind: RopeType) -> int:
+    if value != int(value):
+        raise UnsupportedModelError(
+            f"rope scaling {kind.value}: original_max_position_embeddings = {value!r}: expected an integer"
+        )
+    return int(value)
+
+
+def _yarn_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _number(rope: dict[str, Any], key: str, kind: RopeType, default: float | None) -> Any:
+    """`rope[key]` as a float, `default` when absent or null; a clear error for anything but a number."""
+    raw = rope.get(key)
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise UnsupportedModelError(f"rope scaling {kind.value}: {key} = {raw!r}: expected a number")
+    return float(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +265,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
+        object.__setattr__(self, "rope_scaling", self.rope_scaling.resolved(self.max_position_embeddings))
+
+    @property
+    def context_limit(self) -> int:
+        """Positions the model supports: max_position_embeddings, extended by its rope scaling
+        (`RopeScaling.context_limit`)."""
+        return self.rope_scaling.context_limit(self.max_position_embeddings)
+
+    def with_rope_scaling(self, scaling: RopeScaling) -> ModelConfig:
+        """This model run with `scaling` instead of its config's (an explicit `--rope-scaling`)."""
+        return replace(self, rope_scaling=scaling)
 
     @property
     def traits(self) -> ArchitectureTraits:
@@ -92,17 +295,14 @@ class ModelConfig:
         hidden_size = int(raw["hidden_size"])
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        # transformers 5 nests rope settings in `rope_parameters`; older folders use top-level keys.
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        # transformers 5 nests rope settings in `rope_parameters`; older folders use `rope_scaling`, which
+        # transformers prefers when both are there, and a top-level `rope_theta`.
+        rope = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+        if "partial_rotary_factor" in raw:
+            rope.setdefault("partial_rotary_factor", raw["partial_rotary_factor"])
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
-        scaling = RopeScaling(
-            rope_type=rope_type,
-            factor=float(rope.get("factor", 1.0)),
-            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)),
-        )
+        max_positions = int(raw.get("max_position_embeddings", 2048))
+        scaling = RopeScaling.from_dict(rope, max_positions)
         return cls(
             architecture=supported[0],
             vocab_size=int(raw["vocab_size"]),
@@ -116,7 +316,7 @@ class ModelConfig:
             rope_theta=float(theta),
             rope_scaling=scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             eos_token_ids=eos_ids,
         )
 

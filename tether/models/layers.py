@@ -6,14 +6,14 @@ Numerics follow the Hugging Face reference (norms and rotary angles in float32) 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tether.models import prepack
-from tether.models.config import RopeScaling
+from tether.models.config import RopeScaling, RopeType
 
 
 class RMSNorm(nn.Module):
@@ -29,24 +29,80 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def _exponents(head_dim: int) -> torch.Tensor:
+    # On the CPU even while the model is built on the meta device (`RotaryEmbedding`).
+    return torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+
+
+def _default_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    return 1.0 / (theta ** _exponents(head_dim))
+
+
+def _linear_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    return _default_frequencies(head_dim, theta, scaling) / scaling.factor
+
+
+def _dynamic_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """NTK-aware base for a sequence of `factor` x the original length (`RopeScaling`: fixed, as a KV
+    cache needs), in float32 as transformers computes it in its forward."""
+    original = scaling.original_length
+    longest = torch.tensor(int(original * scaling.factor), device="cpu")
+    stretch = (scaling.factor * longest / original) - (scaling.factor - 1)
+    base = theta * stretch ** (head_dim / (head_dim - 2))
+    return 1.0 / (base ** _exponents(head_dim))
+
+
+def _yarn_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """Interpolated (divided by `factor`) for dimensions that turn fewer than `beta_slow` times over the
+    original length, kept for those that turn more than `beta_fast` times, ramped linearly between."""
+
+    def correction_dim(rotations: float) -> float:
+        turns = scaling.original_length / (rotations * 2 * math.pi)
+        return (head_dim * math.log(turns)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    dims = torch.arange(head_dim // 2, dtype=torch.float32, device="cpu")
+    ramp = torch.clamp((dims - low) / (high - low), 0, 1)
+    positional = theta ** (torch.arange(0, head_dim, 2, device="cpu").float() / head_dim)
+    extrapolated, interpolated = 1.0 / positional, 1.0 / (scaling.factor * positional)
+    kept = 1 - ramp
+    return interpolated * (1 - kept) + extrapolated * kept
+
+
+def _llama3_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    inv_freq = _default_frequencies(head_dim, theta, scaling)
+    old_len = scaling.original_length
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+# One function per rope type, each transformers 5.24's `_compute_*_parameters` step for step (the same
+# float32 operations in the same order, so the angles match it to the bit where it can).
+ROPE_FREQUENCIES: dict[RopeType, Callable[[int, float, RopeScaling], torch.Tensor]] = {
+    RopeType.DEFAULT: _default_frequencies,
+    RopeType.LINEAR: _linear_frequencies,
+    RopeType.DYNAMIC: _dynamic_frequencies,
+    RopeType.YARN: _yarn_frequencies,
+    RopeType.LLAMA3: _llama3_frequencies,
+}
+
+
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    if scaling.rope_type == "llama3":
-        old_len = scaling.original_max_position_embeddings
-        low_wavelen = old_len / scaling.low_freq_factor
-        high_wavelen = old_len / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-        smooth = (old_len / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    return inv_freq
+    """[head_dim / 2] float32 inverse frequencies of `scaling` (resolved: `ModelConfig` does it)."""
+    assert isinstance(scaling.rope_type, RopeType)
+    return ROPE_FREQUENCIES[scaling.rope_type](head_dim, theta, scaling)
 
 
 class RotaryEmbedding(nn.Module):
@@ -57,6 +113,8 @@ class RotaryEmbedding(nn.Module):
         # Computed lazily per device: no buffer, so the model can be built on the meta device and loaded.
         self._inv_freq_cpu = inverse_frequencies(head_dim, theta, scaling)
         self._by_device: dict[torch.device, torch.Tensor] = {}
+        self.attention_scaling = scaling.attention_scaling
+        """cos and sin are multiplied by it (yarn's attention factor; 1 otherwise)."""
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq = self._by_device.get(positions.device)
@@ -64,7 +122,9 @@ class RotaryEmbedding(nn.Module):
             inv_freq = self._by_device.setdefault(positions.device, self._inv_freq_cpu.to(positions.device))
         freqs = positions.float()[:, None] * inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos(), angles.sin()
+        if self.attention_scaling == 1.0:
+            return angles.cos(), angles.sin()
+        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tether.errors import ConfigError
 from tether.models.cache import Progress, pull
 from tether.models.checkpoints import export_checkpoint, find_checkpoint
-from tether.models.config import ModelConfig, UnsupportedModelError
+from tether.models.config import ModelConfig, RopeScaling, UnsupportedModelError
 from tether.models.quantize import get_quantizer
 from tether.models.registry import KNOWN_MODELS, lookup
 from tether.models.transformer import CausalLM
@@ -94,15 +94,19 @@ def load(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     quantization: str | None = None,
+    rope_scaling: RopeScaling | None = None,
 ) -> tuple[CausalLM, PreTrainedTokenizerBase, ModelConfig]:
     """Our model (in eval mode, on `device`), its tokenizer and its config.
 
     `quantization`: None keeps the checkpoint's weights in `dtype`; "int8" quantizes the transformer
-    blocks' Linear weights (see `tether.models.quantize`).
+    blocks' Linear weights (see `tether.models.quantize`). `rope_scaling` replaces the folder's (its
+    original length defaulting to the model's max_position_embeddings), e.g. YaRN to run past it.
     """
     quantizer = None if quantization is None else get_quantizer(quantization)  # fails before any loading
     folder = resolve(path_or_name, cache_dir)
     config = ModelConfig.from_folder(folder)
+    if rope_scaling is not None:
+        config = config.with_rope_scaling(rope_scaling)
     with torch.device("meta"):
         model = CausalLM(config)
     load_weights(model, folder, device, dtype)
