@@ -12,11 +12,13 @@ from tether.kernels import _paged, cpu
 from tether.kernels.attention import (
     AttentionKernel,
     AttentionMetadata,
+    DecodeGroup,
     SequenceSpan,
     attention_kernel,
     decode_native,
     decode_torch,
     kernel_for,
+    native_attention,
 )
 from tether.kernels.cpu import CpuFeature
 
@@ -26,7 +28,13 @@ NATIVE_PATHS = [AttentionKernel.C_PORTABLE, pytest.param(AttentionKernel.C_AVX2,
 
 
 def random_decode_problem(
-    seed: int, lengths: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int
+    seed: int,
+    lengths: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     generator = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in lengths) + 5
@@ -39,8 +47,15 @@ def random_decode_problem(
     keys = torch.randn(shape, generator=generator)
     values = torch.randn(shape, generator=generator)
     q = torch.randn((len(lengths), heads, head_dim), generator=generator)
-    metadata = AttentionMetadata.build(spans, torch.zeros(len(lengths), dtype=torch.long), block_size)
+    slots = torch.zeros(len(lengths), dtype=torch.long)
+    metadata = AttentionMetadata.build(spans, slots, block_size, windows=(None, window))
     return q, keys, values, metadata
+
+
+def decoded(metadata: AttentionMetadata, window: int | None = None) -> DecodeGroup:
+    group = metadata.view(window).decode
+    assert group is not None
+    return group
 
 
 SHAPES = [(9, 3, 64, 16), (8, 2, 128, 8), (4, 4, 24, 4), (6, 1, 20, 3), (4, 4, 36, 4)]
@@ -55,11 +70,10 @@ def test_native_decode_matches_torch(
         pytest.skip("the AVX2 path takes head_dim multiples of 8")
     lengths = [1, 7, 33, 64, 129, 5, 300]
     q, keys, values, metadata = random_decode_problem(0, lengths, heads, kv_heads, head_dim, block_size)
-    assert metadata.decode is not None
     assert kernel_for(q, keys, values) is not AttentionKernel.TORCH_SDPA
     native, reference = torch.full_like(q, torch.nan), torch.full_like(q, torch.nan)
-    decode_native(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, native, kernel)
-    decode_torch(q, keys, values, metadata.decode, kv_heads, head_dim**-0.5, reference)
+    decode_native(q, keys, values, decoded(metadata), kv_heads, head_dim**-0.5, native, kernel)
+    decode_torch(q, keys, values, decoded(metadata), kv_heads, head_dim**-0.5, reference)
     torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
 
 
@@ -90,20 +104,18 @@ def test_the_kernel_and_the_detection_agree_on_avx2(head_dim: int) -> None:
 @NEEDS_AVX2
 def test_portable_and_avx2_paths_agree_closely() -> None:
     q, keys, values, metadata = random_decode_problem(4, [2, 50, 300], 8, 2, 64, 16)
-    assert metadata.decode is not None
     outs = []
     for kernel in (AttentionKernel.C_PORTABLE, AttentionKernel.C_AVX2):
         out = torch.full_like(q, torch.nan)
-        decode_native(q, keys, values, metadata.decode, 2, 0.125, out, kernel)
+        decode_native(q, keys, values, decoded(metadata), 2, 0.125, out, kernel)
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
 def test_avx2_path_refuses_a_head_dim_it_cannot_take() -> None:
     q, keys, values, metadata = random_decode_problem(5, [9], 2, 1, 20, 4)
-    assert metadata.decode is not None
     with pytest.raises(ValueError, match=r"AVX2 path needs .* multiple of 8 \(head_dim 20\)"):
-        decode_native(q, keys, values, metadata.decode, 1, 1.0, torch.empty_like(q), AttentionKernel.C_AVX2)
+        decode_native(q, keys, values, decoded(metadata), 1, 1.0, torch.empty_like(q), AttentionKernel.C_AVX2)
 
 
 @pytest.mark.parametrize(
@@ -119,14 +131,13 @@ def test_native_decode_gives_the_same_bits_on_any_thread_count(
 ) -> None:
     """Work is split by (sequence, KV head); each is computed whole by one thread."""
     q, keys, values, metadata = random_decode_problem(1, [3, 90, 17, 200, 41], 6, 2, head_dim, 16)
-    assert metadata.decode is not None
     results = []
     threads = torch.get_num_threads()
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             out = torch.full_like(q, torch.nan)
-            decode_native(q, keys, values, metadata.decode, 2, head_dim**-0.5, out, kernel)
+            decode_native(q, keys, values, decoded(metadata), 2, head_dim**-0.5, out, kernel)
             results.append(out)
     finally:
         torch.set_num_threads(threads)
@@ -144,24 +155,22 @@ def test_the_kernel_shares_torchs_openmp_runtime() -> None:
 
 def test_native_decode_ignores_stale_cache_beyond_each_length() -> None:
     q, keys, values, metadata = random_decode_problem(1, [3, 20], 4, 2, 16, 8)
-    assert metadata.decode is not None
     kernel = kernel_for(q, keys, values)
     before = torch.empty_like(q)
-    decode_native(q, keys, values, metadata.decode, 2, 0.25, before, kernel)
-    tables = metadata.decode.tables
+    decode_native(q, keys, values, decoded(metadata), 2, 0.25, before, kernel)
+    tables = decoded(metadata).tables
     keys[tables[0, 0], 3:] = 1e6  # slots past the first sequence's 3 tokens, in its own block
     after = torch.empty_like(q)
-    decode_native(q, keys, values, metadata.decode, 2, 0.25, after, kernel)
+    decode_native(q, keys, values, decoded(metadata), 2, 0.25, after, kernel)
     torch.testing.assert_close(before, after, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kernel", NATIVE_PATHS)
 def test_native_decode_rejects_a_block_id_outside_the_cache(kernel: AttentionKernel) -> None:
     q, keys, values, metadata = random_decode_problem(2, [10, 10], 2, 1, 8, 4)
-    assert metadata.decode is not None
-    metadata.decode.tables[1, 1] = keys.shape[0] + 3
+    decoded(metadata).tables[1, 1] = keys.shape[0] + 3
     with pytest.raises(ValueError, match="block id or length is out of range"):
-        decode_native(q, keys, values, metadata.decode, 1, 1.0, torch.empty_like(q), kernel)
+        decode_native(q, keys, values, decoded(metadata), 1, 1.0, torch.empty_like(q), kernel)
 
 
 def test_native_decode_does_not_apply_to_other_dtypes_or_layouts() -> None:
@@ -169,3 +178,64 @@ def test_native_decode_does_not_apply_to_other_dtypes_or_layouts() -> None:
     assert kernel_for(q.double(), keys.double(), values.double()) is AttentionKernel.TORCH_SDPA
     assert kernel_for(q.bfloat16(), keys.bfloat16(), values.bfloat16()) is AttentionKernel.TORCH_SDPA
     assert kernel_for(q, keys.transpose(0, 1), values) is AttentionKernel.TORCH_SDPA
+
+
+def windowed_reference(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: list[int], length: int, window: int
+) -> torch.Tensor:
+    """One decoding token ([heads, d]) over the last `window` of its `length` rows, in float64."""
+    k = keys[table].flatten(0, 1)[max(0, length - window) : length].double()
+    v = values[table].flatten(0, 1)[max(0, length - window) : length].double()
+    group = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    weights = torch.softmax(torch.einsum("hd,thd->ht", q.double(), k) * q.shape[-1] ** -0.5, dim=-1)
+    return torch.einsum("ht,thd->hd", weights, v)
+
+
+@pytest.mark.parametrize("kernel", [*NATIVE_PATHS, AttentionKernel.TORCH_SDPA])
+@pytest.mark.parametrize(("head_dim", "block_size", "window"), [(16, 4, 7), (64, 16, 24), (20, 3, 5)])
+def test_windowed_decode_sees_only_the_last_window_tokens(
+    kernel: AttentionKernel, head_dim: int, block_size: int, window: int
+) -> None:
+    if kernel is AttentionKernel.C_AVX2 and head_dim % 8:
+        pytest.skip("the AVX2 path takes head_dim multiples of 8")
+    lengths = [1, 6, 7, 8, 33, 100]
+    q, keys, values, metadata = random_decode_problem(6, lengths, 4, 2, head_dim, block_size, window)
+    group = decoded(metadata, window)
+    out = torch.full_like(q, torch.nan)
+    if kernel is AttentionKernel.TORCH_SDPA:
+        decode_torch(q, keys, values, group, 2, head_dim**-0.5, out)
+    else:
+        decode_native(q, keys, values, group, 2, head_dim**-0.5, out, kernel)
+    full = decoded(metadata)
+    assert full is not None
+    for row, length in enumerate(lengths):
+        table = full.tables[row, : -(-length // block_size)].tolist()
+        expected = windowed_reference(q[row], keys, values, table, length, window)
+        torch.testing.assert_close(out[row].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", NATIVE_PATHS)
+def test_windowed_decode_never_reads_blocks_before_the_window(kernel: AttentionKernel) -> None:
+    """The blocks wholly before a window may be freed (and reused): their contents must not matter, and
+    an invalid id there is not an error."""
+    q, keys, values, metadata = random_decode_problem(7, [40, 57], 4, 2, 16, 4, window=9)
+    group = decoded(metadata, 9)
+    assert group.tables.shape[1] <= 4  # only the blocks the window reaches
+    before = torch.empty_like(q)
+    decode_native(q, keys, values, group, 2, 0.25, before, kernel)
+    full = decoded(metadata)
+    assert full is not None
+    keys[full.tables[0, :7]] = torch.nan  # blocks holding positions 0..27, all before 40 - 9
+    values[full.tables[1, :11]] = torch.nan  # positions 0..43, before 57 - 9
+    after = torch.empty_like(q)
+    decode_native(q, keys, values, group, 2, 0.25, after, kernel)
+    assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("kernel", NATIVE_PATHS)
+def test_native_attention_rejects_a_start_outside_the_rows(kernel: AttentionKernel) -> None:
+    q, keys, values, _ = random_decode_problem(8, [10], 2, 1, 8, 4)
+    tables = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match="block id or length is out of range"):
+        native_attention(q, keys, values, tables, torch.tensor([10]), 1.0, kernel, starts=torch.tensor([10]))

@@ -31,10 +31,12 @@ def test_empty_cache_lists_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"architectures": ["MistralForCausalLM"]}, r"MistralForCausalLM.*LlamaForCausalLM"),
+        ({"architectures": ["GemmaForCausalLM"]}, r"GemmaForCausalLM.*LlamaForCausalLM"),
         ({"architectures": []}, "not supported"),
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, r"'longrope'.*yarn, llama3"),
-        ({"use_sliding_window": True}, "sliding-window"),
+        ({"use_sliding_window": True, "sliding_window": 0}, "sliding_window = 0"),
+        ({"layer_types": ["sliding_attention"] * 2}, "no sliding_window is set"),
+        ({"use_sliding_window": True, "sliding_window": 8, "layer_types": ["full"]}, "layer_types"),
     ],
 )
 def test_unsupported_configs_are_rejected_by_name(

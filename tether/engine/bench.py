@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from tether.engine.bench_machine import bench_threads
 from tether.engine.llm_engine import Completion, LLMEngine
-from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk, make_batch
+from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.engine.speculative import SpeculativeConfig, SpeculativeMode, SpeculativeStats
 from tether.errors import ConfigError
@@ -261,7 +261,7 @@ def perplexity(model: CausalLM, token_ids: list[int], block_size: int = 16) -> f
     assert len(token_ids) >= 2, "perplexity needs at least two tokens"
     blocks = -(-len(token_ids) // block_size)
     runner = ModelRunner(model, num_blocks=blocks, block_size=block_size)
-    batch = make_batch([SequenceChunk(token_ids, 0, list(range(blocks)))], block_size, runner.device)
+    batch = runner.make_batch([SequenceChunk(token_ids, 0, list(range(blocks)))])
     every = torch.arange(len(token_ids) - 1, device=runner.device)
     logits = runner.run(Batch(batch.input_ids, batch.positions, batch.attention, every))
     targets = torch.tensor(token_ids[1:], device=runner.device)

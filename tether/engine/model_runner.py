@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from tether.kernels.attention import AttentionMetadata, SequenceSpan
+from tether.kernels.blockwise import LongChunkAttention
 from tether.kernels.kv_cache import KVCache
 from tether.models.config import ModelConfig
 from tether.models.governor import ThreadGovernor
@@ -79,7 +80,14 @@ class WeightUpdateError(ValueError):
     """A hot weight update names an unknown parameter or has the wrong shape."""
 
 
-def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.device | str) -> Batch:
+def make_batch(
+    chunks: Iterable[SequenceChunk],
+    block_size: int,
+    device: torch.device | str,
+    windows: Iterable[int | None] = (None,),
+    long_chunks: LongChunkAttention | None = None,
+) -> Batch:
+    """The flat tensors of a step; attention metadata for each distinct layer window in `windows`."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -102,7 +110,7 @@ def make_batch(chunks: Iterable[SequenceChunk], block_size: int, device: torch.d
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    metadata = AttentionMetadata.build(spans, tensor(slots), block_size)
+    metadata = AttentionMetadata.build(spans, tensor(slots), block_size, windows, long_chunks)
     return Batch(tensor(ids), tensor(positions), metadata, tensor(logits_indices))
 
 
@@ -129,6 +137,8 @@ class ModelRunner:
         self.set_lanes(lanes)
         self.governor: ThreadGovernor | None = None
         """Moves torch's thread count with the free cores before each step, when set."""
+        self.long_chunks = LongChunkAttention()
+        """How chunks with a long context attend (the engine sets it from `EngineConfig`)."""
 
     def set_lanes(self, lanes: int) -> None:
         """Forwards run at once per step (see the module docstring); 1 runs the whole step as one."""
@@ -142,6 +152,10 @@ class ModelRunner:
         self.lanes = lanes
         if lanes > 1:
             self._pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="tether-lane")
+
+    def make_batch(self, chunks: Iterable[SequenceChunk]) -> Batch:
+        """`make_batch` for this runner's cache, layer windows and long-chunk attention."""
+        return make_batch(chunks, self.block_size, self.device, self.config.layer_windows, self.long_chunks)
 
     def close(self) -> None:
         self.set_lanes(1)
@@ -158,12 +172,12 @@ class ModelRunner:
         if self.governor is not None:
             self.governor.observe()
         if self._pool is None:
-            return self.run(make_batch(chunks, self.block_size, self.device))
+            return self.run(self.make_batch(chunks))
         # A batch-invariant model pads projections to `min_rows`: a lane with fewer would compute padding.
         groups = split_lanes(chunks, self.lanes, max(MIN_LANE_TOKENS, self.model.min_rows))
         if len(groups) == 1:
-            return self.run(make_batch(chunks, self.block_size, self.device))
-        batches = [make_batch(group, self.block_size, self.device) for group in groups]
+            return self.run(self.make_batch(chunks))
+        batches = [self.make_batch(group) for group in groups]
         threads = torch.get_num_threads()
         share = max(1, threads // len(groups))
 
@@ -211,7 +225,7 @@ class ModelRunner:
                 last = take == len(pending[i])
                 chunks.append(SequenceChunk(pending[i][:take], cached[i], list(tables[i]), needs_logits=last))
                 order.append((i, take, last))
-            tokens = iter(self.greedy(make_batch(chunks, self.block_size, self.device)))
+            tokens = iter(self.greedy(self.make_batch(chunks)))
             for i, take, last in order:
                 cached[i] += take
                 pending[i] = pending[i][take:]

@@ -5,7 +5,9 @@
  * attending; over a rollout that copy moves more bytes than the weights do. This kernel walks each
  * sequence's block table instead, so K and V are read once and never copied. One work item is one
  * (sequence, KV head) pair: the query heads sharing that KV head (grouped-query attention) are scored
- * together, so each cached row is loaded once per group. Softmax is exact (max-subtracted, float32
+ * together, so each cached row is loaded once per group. A query attends to its rows starts[b] ..
+ * lengths[b] - 1 (a sliding window starts past 0; the blocks before it are never read, and may have
+ * been freed). Softmax is exact (max-subtracted, float32
  * accumulation), two passes over the scores. Paths: AVX2 (head_dim a multiple of 8) and portable C; an
  * AVX-512 variant measured no faster (decode attention is bound by reading the cache). The caller picks
  * the path (`attention_kernel`, from the CPU's features), so the portable one runs and is tested on any
@@ -32,6 +34,7 @@ typedef struct {
     const float *v;         /* same layout as k */
     const int64_t *tables;  /* [batch, width] */
     const int64_t *lengths; /* [batch] */
+    const int64_t *starts;  /* [batch]: first cached row each query sees (a sliding window), 0 for all */
     float *out;             /* [batch, heads, head_dim] */
     int64_t batch, heads, kv_heads, head_dim, block_size, width, num_blocks;
     float scale;
@@ -45,15 +48,16 @@ typedef struct {
     int bad;             /* a block id or length out of range */
 } Slice;
 
-/* Every block the sequence's context touches exists; marks the slice bad otherwise. */
+/* Every block the rows start..len-1 of the sequence touch exists (blocks before the start are never read:
+   they may be freed); marks the slice bad otherwise. */
 static int valid(const Problem *p, int64_t b, Slice *slice) {
-    const int64_t len = p->lengths[b];
-    if (len < 1 || len > p->width * p->block_size) {
+    const int64_t len = p->lengths[b], start = p->starts[b];
+    if (len < 1 || len > p->width * p->block_size || start < 0 || start >= len) {
         slice->bad = 1;
         return 0;
     }
     const int64_t *table = p->tables + b * p->width;
-    for (int64_t i = 0; i < (len + p->block_size - 1) / p->block_size; i++)
+    for (int64_t i = start / p->block_size; i < (len + p->block_size - 1) / p->block_size; i++)
         if (table[i] < 0 || table[i] >= p->num_blocks) {
             slice->bad = 1;
             return 0;
@@ -80,13 +84,16 @@ static void attend_scalar(Slice *slice) {
     const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
     float acc[MAX_HEAD_DIM];
     for (int64_t item = slice->first; item < slice->last; item++) {
-        const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
+        const int64_t b = item / p->kv_heads, h = item % p->kv_heads;
+        if (!valid(p, b, slice)) return;
+        /* Scores are indexed from the window's first row, so a query sees the same rows in the same
+           order whether its table starts at position 0 or at its window. */
+        const int64_t first = p->starts[b], len = p->lengths[b] - first;
         const int64_t *table = p->tables + b * p->width;
         const float *queries = p->q + (b * p->heads + h * group) * d;
         float *scores = slice->scores;
-        if (!valid(p, b, slice)) return;
         for (int64_t t = 0; t < len; t++) {
-            const float *key = cached_row(p, p->k, table, t, h);
+            const float *key = cached_row(p, p->k, table, first + t, h);
             for (int64_t g = 0; g < group; g++) {
                 float dot = 0;
                 for (int64_t i = 0; i < d; i++) dot += queries[g * d + i] * key[i];
@@ -98,7 +105,7 @@ static void attend_scalar(Slice *slice) {
             for (int64_t t = 0; t < len; t++) total += row[t] = expf(row[t] - top);
             for (int64_t i = 0; i < d; i++) acc[i] = 0;
             for (int64_t t = 0; t < len; t++) {
-                const float *value = cached_row(p, p->v, table, t, h);
+                const float *value = cached_row(p, p->v, table, first + t, h);
                 for (int64_t i = 0; i < d; i++) acc[i] += row[t] * value[i];
             }
             float *out = p->out + (b * p->heads + h * group + g) * d;
@@ -149,15 +156,18 @@ AVX2 static void attend_avx2(Slice *slice) {
     const int64_t group = p->heads / p->kv_heads, d = p->head_dim;
     const float *rows[4];
     for (int64_t item = slice->first; item < slice->last; item++) {
-        const int64_t b = item / p->kv_heads, h = item % p->kv_heads, len = p->lengths[b];
+        const int64_t b = item / p->kv_heads, h = item % p->kv_heads;
+        if (!valid(p, b, slice)) return;
+        /* Scores are indexed from the window's first row, so a query sees the same rows in the same
+           order whether its table starts at position 0 or at its window. */
+        const int64_t first = p->starts[b], len = p->lengths[b] - first;
         const int64_t *table = p->tables + b * p->width;
         const float *queries = p->q + (b * p->heads + h * group) * d;
         float *scores = slice->scores;
-        if (!valid(p, b, slice)) return;
         for (int64_t t = 0; t < len; t += 4) {
             for (int j = 0; j < 4; j++) {
                 const int64_t u = t + j < len ? t + j : len - 1; /* past the end: repeat the last */
-                rows[j] = cached_row(p, p->k, table, u, h);
+                rows[j] = cached_row(p, p->k, table, first + u, h);
             }
             for (int64_t g = 0; g < group; g++) {
                 float four[4];
@@ -188,7 +198,7 @@ AVX2 static void attend_avx2(Slice *slice) {
                 __m256 acc[8];
                 for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
                 for (int64_t u = 0; u < len; u++) {
-                    const float *value = cached_row(p, p->v, table, u, h) + c;
+                    const float *value = cached_row(p, p->v, table, first + u, h) + c;
                     const __m256 weight = _mm256_set1_ps(row[u]);
                     for (int k = 0; k < width / 8; k++)
                         acc[k] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * k), acc[k]);
@@ -222,12 +232,12 @@ static void attend(Slice *slice) {
 
 static PyObject *decode_attention(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long q, k, v, tables, lengths, out;
+    unsigned long long q, k, v, tables, lengths, starts, out;
     Problem p;
     long long batch, heads, kv_heads, head_dim, block_size, width, num_blocks, longest;
     int threads, vector;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLfip", &q, &k, &v, &tables, &lengths, &out, &batch, &heads,
+    if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLLLfip", &q, &k, &v, &tables, &lengths, &starts, &out, &batch, &heads,
                           &kv_heads, &head_dim, &block_size, &width, &num_blocks, &longest, &scale,
                           &threads, &vector))
         return NULL;
@@ -245,7 +255,8 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
     }
     p = (Problem){(const float *)(uintptr_t)q, (const float *)(uintptr_t)k, (const float *)(uintptr_t)v,
                   (const int64_t *)(uintptr_t)tables, (const int64_t *)(uintptr_t)lengths,
-                  (float *)(uintptr_t)out, batch, heads, kv_heads, head_dim, block_size, width,
+                  (const int64_t *)(uintptr_t)starts, (float *)(uintptr_t)out, batch, heads, kv_heads,
+                  head_dim, block_size, width,
                   num_blocks, scale, vector};
     const int64_t items = batch * kv_heads, group = heads / kv_heads;
     if (threads < 1) threads = 1;
@@ -285,9 +296,9 @@ static PyObject *avx2_fits_py(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_attention", decode_attention, METH_VARARGS,
-     "decode_attention(q, k, v, tables, lengths, out, batch, heads, kv_heads, head_dim, block_size, "
+     "decode_attention(q, k, v, tables, lengths, starts, out, batch, heads, kv_heads, head_dim, block_size, "
      "width, num_blocks, longest, scale, threads, vector): attention of one query token per sequence "
-     "over its paged K/V (raw float32/int64 pointers, validated by tether.kernels.attention); vector takes "
+     "over its paged K/V rows starts[b]..lengths[b]-1 (raw float32/int64 pointers, validated by tether.kernels.attention); vector takes "
      "the AVX2 path, else the portable one."},
     {"avx2_fits", avx2_fits_py, METH_VARARGS,
      "avx2_fits(head_dim): whether this CPU can take the AVX2 path for heads of head_dim."},

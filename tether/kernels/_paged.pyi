@@ -4,6 +4,7 @@ def decode_attention(
     v: int,
     tables: int,
     lengths: int,
+    starts: int,
     out: int,
     batch: int,
     heads: int,

@@ -11,12 +11,16 @@ On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that
 straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
 row at a time, so a token's attention does not depend on its batch): its AVX2 path where the CPU has AVX2
 and FMA, its portable path elsewhere (`attention_kernel`). Otherwise it is plain torch (SDPA, on CPU or
-CUDA).
+CUDA). A layer with a sliding window (`ModelConfig.layer_windows`) has its own view of the step's metadata:
+its tables start at the first block its window reaches, so blocks before it are never read (the engine
+frees them once no layer needs them). A chunk whose context reaches `LongChunkAttention.min_context` runs
+block-wise instead (`tether.kernels.blockwise`): bounded memory at any context, not bit-equal to the C
+kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -27,6 +31,7 @@ from tether.kernels import (
     _paged,  # after torch: its OpenMP runtime is then the one the kernel links to
     cpu,
 )
+from tether.kernels.blockwise import LongChunkAttention
 from tether.kernels.cpu import CpuFeature
 
 
@@ -75,72 +80,127 @@ class SequenceSpan:
 
 @dataclass(frozen=True, slots=True)
 class DecodeGroup:
-    """Every single-token span of a step, padded to the longest context once for all layers."""
+    """Every single-token span of a step, padded to the longest context once for all layers of a window.
+
+    Each row's table starts at the first block its window reaches (all of it without a window): the
+    positions before are never read, and their blocks may have been freed."""
 
     rows: torch.Tensor  # LongTensor[B]: each sequence's token in the flat batch
-    tables: torch.Tensor  # LongTensor[B, W]: block tables, padded with block 0
-    lengths: torch.Tensor  # LongTensor[B]: context length of each sequence
-    mask: torch.Tensor  # BoolTensor[B, 1, 1, L]: which of the L gathered positions are real
-    longest: int  # L, the longest context in the group
+    tables: torch.Tensor  # LongTensor[B, W]: block tables from the window's first block, padded with 0
+    lengths: torch.Tensor  # LongTensor[B]: rows of each table up to and including the new token
+    starts: torch.Tensor  # LongTensor[B]: first row of each table the new token sees (0 without window)
+    mask: torch.Tensor  # BoolTensor[B, 1, 1, L]: which of the L gathered rows each token sees
+    longest: int  # L, the most rows of any table
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkSpan:
-    """A multi-token span with its block table and causal mask on the device."""
+    """A multi-token span with its block table and mask on the device, for one window."""
 
     span: SequenceSpan
-    table: torch.Tensor  # LongTensor of the blocks covering its context
+    table: torch.Tensor
+    """LongTensor of the blocks from the first one the chunk's window reaches to its context's end."""
+    offset: int
+    """Position of the table's first row (0 without a window)."""
     mask: torch.Tensor | None
-    """BoolTensor[query_len, context_len], the causal mask offset by the cached tokens; None when nothing
-    is cached, where SDPA's own `is_causal` is that mask and leaves CUDA its flash/memory-efficient
-    kernels (an explicit dense mask rules flash out)."""
+    """BoolTensor[query_len, context_len - offset], the causal (and window) mask over the table's rows;
+    None when nothing is cached and no window cuts in, where SDPA's own `is_causal` is that mask and
+    leaves CUDA its flash/memory-efficient kernels (an explicit dense mask rules flash out)."""
+    window: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    """What the layers of one sliding window (None: full causal attention) attend with this step."""
+
+    decode: DecodeGroup | None
+    chunks: tuple[ChunkSpan, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # LongTensor[T]: flat cache slot of each new token
-    decode: DecodeGroup | None
-    chunks: tuple[ChunkSpan, ...]
+    views: dict[int | None, WindowView]
+    """One view per distinct layer window, built once per step for all of its layers."""
+    long_chunks: LongChunkAttention
+    """How a chunk with a long context attends (`tether.kernels.blockwise`)."""
 
     @classmethod
     def build(
-        cls, spans: Sequence[SequenceSpan], slot_mapping: torch.Tensor, block_size: int
+        cls,
+        spans: Sequence[SequenceSpan],
+        slot_mapping: torch.Tensor,
+        block_size: int,
+        windows: Iterable[int | None] = (None,),
+        long_chunks: LongChunkAttention | None = None,
     ) -> AttentionMetadata:
         device = slot_mapping.device
         decoding = [span for span in spans if span.query_len == 1]
-        decode = _decode_group(decoding, block_size, device) if decoding else None
-        chunks = tuple(_chunk_span(span, block_size, device) for span in spans if span.query_len > 1)
-        return cls(slot_mapping=slot_mapping, decode=decode, chunks=chunks)
+        views = {}
+        for window in dict.fromkeys(windows):
+            decode = _decode_group(decoding, block_size, window, device) if decoding else None
+            chunks = tuple(
+                _chunk_span(span, block_size, window, device) for span in spans if span.query_len > 1
+            )
+            views[window] = WindowView(decode, chunks)
+        return cls(slot_mapping, views, long_chunks or LongChunkAttention())
+
+    def view(self, window: int | None) -> WindowView:
+        return self.views[window]
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def _decode_group(spans: list[SequenceSpan], block_size: int, device: torch.device) -> DecodeGroup:
-    lengths = [span.context_len for span in spans]
+def window_start(position: int, window: int | None) -> int:
+    """The first position a query at `position` sees: i - window + 1 (transformers' sliding window)."""
+    return 0 if window is None else max(0, position - window + 1)
+
+
+def _decode_group(
+    spans: list[SequenceSpan], block_size: int, window: int | None, device: torch.device
+) -> DecodeGroup:
+    firsts = [window_start(span.start, window) // block_size for span in spans]
+    lengths = [span.context_len - first * block_size for span, first in zip(spans, firsts, strict=True)]
+    starts = [
+        window_start(span.start, window) - first * block_size
+        for span, first in zip(spans, firsts, strict=True)
+    ]
     longest = max(lengths)
     width = _blocks_for(longest, block_size)
-    padded = [list(span.block_table[: _blocks_for(span.context_len, block_size)]) for span in spans]
+    padded = [
+        list(span.block_table[first : _blocks_for(span.context_len, block_size)])
+        for span, first in zip(spans, firsts, strict=True)
+    ]
     tables = torch.tensor([row + [0] * (width - len(row)) for row in padded], dtype=torch.long)
-    context = torch.tensor(lengths, dtype=torch.long)
-    mask = torch.arange(longest)[None, :] < context[:, None]
+    context, first_row = torch.tensor(lengths, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
+    gathered = torch.arange(longest)[None, :]
+    mask = (gathered < context[:, None]) & (gathered >= first_row[:, None])
     return DecodeGroup(
         rows=torch.tensor([span.query_start for span in spans], dtype=torch.long).to(device),
         tables=tables.to(device),
         lengths=context.to(device),
+        starts=first_row.to(device),
         mask=mask[:, None, None, :].to(device),
         longest=longest,
     )
 
 
-def _chunk_span(span: SequenceSpan, block_size: int, device: torch.device) -> ChunkSpan:
-    table = torch.tensor(span.block_table[: _blocks_for(span.context_len, block_size)], dtype=torch.long)
-    if span.start == 0:
-        return ChunkSpan(span=span, table=table.to(device), mask=None)
-    query_pos = torch.arange(span.start, span.context_len)
-    mask = torch.arange(span.context_len)[None, :] <= query_pos[:, None]
-    return ChunkSpan(span=span, table=table.to(device), mask=mask.to(device))
+def _chunk_span(span: SequenceSpan, block_size: int, window: int | None, device: torch.device) -> ChunkSpan:
+    first = window_start(span.start, window) // block_size
+    offset = first * block_size
+    table = torch.tensor(
+        span.block_table[first : _blocks_for(span.context_len, block_size)], dtype=torch.long
+    )
+    if span.start == 0 and (window is None or window >= span.context_len):
+        return ChunkSpan(span=span, table=table.to(device), offset=0, mask=None, window=window)
+    query_pos = torch.arange(span.start, span.context_len)[:, None]
+    key_pos = torch.arange(offset, span.context_len)[None, :]
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    return ChunkSpan(span=span, table=table.to(device), offset=offset, mask=mask.to(device), window=window)
 
 
 def write_kv(
@@ -159,38 +219,47 @@ def paged_attention(
     value_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
+    """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]. `window`:
+    the layer's sliding window (None: full causal attention), one of the metadata's views."""
     write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
     out = torch.empty_like(q)
     kv_heads = k.shape[1]
     kernel = kernel_for(q, key_cache, value_cache)
     native = kernel is not AttentionKernel.TORCH_SDPA
-    if metadata.decode is not None:
+    view = metadata.view(window)
+    if view.decode is not None:
         if native:
-            decode_native(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out, kernel)
+            decode_native(q, key_cache, value_cache, view.decode, kv_heads, scale, out, kernel)
         else:
-            decode_torch(q, key_cache, value_cache, metadata.decode, kv_heads, scale, out)
-    for chunk in metadata.chunks:
+            decode_torch(q, key_cache, value_cache, view.decode, kv_heads, scale, out)
+    for chunk in view.chunks:
         span = chunk.span
         end = span.query_start + span.query_len
-        if native:
+        queries = q[span.query_start : end]
+        if metadata.long_chunks.takes(span.context_len):
+            out[span.query_start : end] = metadata.long_chunks.attend(
+                queries, key_cache, value_cache, chunk.table, chunk.offset, span.start, window, scale
+            )
+        elif native:
             # Every query row of the chunk through the decode kernel, over its own causal prefix: a token's
             # attention is then computed the same way at prefill, at decode and in the learner's dense
             # forward (`tether.models.dense`), so their logprobs agree bit for bit (issue 9).
+            positions = torch.arange(span.start, span.context_len, device=q.device)
+            first = positions * 0 if window is None else (positions - window + 1).clamp(min=0)
             out[span.query_start : end] = native_attention(
-                q[span.query_start : end],
+                queries,
                 key_cache,
                 value_cache,
                 chunk.table[None, :].expand(span.query_len, -1).contiguous(),
-                torch.arange(span.start + 1, span.context_len + 1, device=q.device),
+                positions + 1 - chunk.offset,
                 scale,
                 kernel,
+                starts=first - chunk.offset,
             )
-            continue
-        out[span.query_start : end] = chunk_torch(
-            q[span.query_start : end], key_cache, value_cache, chunk, scale
-        )
+        else:
+            out[span.query_start : end] = chunk_torch(queries, key_cache, value_cache, chunk, scale)
     return out
 
 
@@ -199,9 +268,9 @@ def chunk_torch(
 ) -> torch.Tensor:
     """Attention of a multi-token chunk's queries ([Q, heads, head_dim]) over its cached context, through
     SDPA as [1, heads, Q, head_dim]: the 4-d layout CUDA's flash and memory-efficient kernels take."""
-    span = chunk.span
-    keys = key_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
-    values = value_cache[chunk.table].flatten(0, 1)[: span.context_len].to(q.dtype)
+    rows = chunk.span.context_len - chunk.offset
+    keys = key_cache[chunk.table].flatten(0, 1)[:rows].to(q.dtype)
+    values = value_cache[chunk.table].flatten(0, 1)[:rows].to(q.dtype)
     groups = q.shape[1] // keys.shape[1]
     if q.device.type != "cpu" and groups > 1:
         # CUDA's memory-efficient kernel (float32's, and half types' where flash declines a shape) takes
@@ -262,6 +331,7 @@ def decode_native(
         value_cache.data_ptr(),
         group.tables.data_ptr(),
         group.lengths.data_ptr(),
+        group.starts.data_ptr(),
         attended.data_ptr(),
         len(group.rows),
         q.shape[1],
@@ -286,17 +356,21 @@ def native_attention(
     lengths: torch.Tensor,
     scale: float,
     kernel: AttentionKernel,
+    starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The C kernel on `kernel`'s path over any rows: query row i ([N, heads, head_dim]) attends, in order,
-    to the first lengths[i] cached rows its block table tables[i] names. float32 CPU only (`kernel_for`)."""
+    to the cached rows starts[i] .. lengths[i] - 1 (starts: 0 when None) its block table tables[i] names.
+    float32 CPU only (`kernel_for`)."""
     queries = q.contiguous()
     attended = torch.empty_like(queries)
+    first = torch.zeros_like(lengths) if starts is None else starts.to(torch.long).contiguous()
     _paged.decode_attention(
         queries.data_ptr(),
         key_cache.data_ptr(),
         value_cache.data_ptr(),
         tables.data_ptr(),
         lengths.data_ptr(),
+        first.data_ptr(),
         attended.data_ptr(),
         queries.shape[0],
         queries.shape[1],

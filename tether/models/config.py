@@ -1,8 +1,10 @@
 """The architecture of a causal LM as read from a Hugging Face `config.json`.
 
 Only the fields our own model code uses are kept; anything we cannot honour (an unknown architecture, a
-rope scaling we do not implement or that lacks a field, sliding-window attention) is rejected here with a
-clear message rather than silently computing something different.
+rope scaling we do not implement or that lacks a field) is rejected here with a clear message rather than
+silently computing something different. Sliding-window attention is read per layer exactly as
+transformers 5 decides it (`layer_windows`): a query at position i then sees the keys at positions
+i - window + 1 .. i.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ArchitectureTraits:
 # Extend by adding a row; the model code reads only these traits.
 ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "LlamaForCausalLM": ArchitectureTraits(qkv_bias=False, qk_norm=False),
+    "MistralForCausalLM": ArchitectureTraits(qkv_bias=False, qk_norm=False),
     "Qwen2ForCausalLM": ArchitectureTraits(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": ArchitectureTraits(qkv_bias=False, qk_norm=True),
 }
@@ -262,10 +265,17 @@ class ModelConfig:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    layer_windows: tuple[int | None, ...] = ()
+    """Per layer, the sliding window in tokens (a query sees itself and the window - 1 keys before it),
+    or None for full causal attention; empty: every layer full."""
 
     def __post_init__(self) -> None:
         assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
         object.__setattr__(self, "rope_scaling", self.rope_scaling.resolved(self.max_position_embeddings))
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * self.num_layers)
+        assert len(self.layer_windows) == self.num_layers, "one window (or None) per layer"
+        assert all(w is None or w >= 1 for w in self.layer_windows), "windows are at least one token"
 
     @property
     def context_limit(self) -> int:
@@ -276,6 +286,20 @@ class ModelConfig:
     def with_rope_scaling(self, scaling: RopeScaling) -> ModelConfig:
         """This model run with `scaling` instead of its config's (an explicit `--rope-scaling`)."""
         return replace(self, rope_scaling=scaling)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window of the sliding layers, or None when no layer slides."""
+        windows = [w for w in self.layer_windows if w is not None]
+        return max(windows) if windows else None
+
+    @property
+    def kv_window(self) -> int | None:
+        """Tokens behind a query that some layer still attends to when every layer slides (KV before them
+        can be dropped), or None when a layer attends to the whole context."""
+        if any(w is None for w in self.layer_windows):
+            return None
+        return self.sliding_window
 
     @property
     def traits(self) -> ArchitectureTraits:
@@ -289,8 +313,6 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"architecture {architectures!r} is not supported; accepted: {', '.join(ARCHITECTURES)}"
             )
-        if raw.get("use_sliding_window"):
-            raise UnsupportedModelError("sliding-window attention (use_sliding_window=true) is not supported")
         num_heads = int(raw["num_attention_heads"])
         hidden_size = int(raw["hidden_size"])
         eos = raw.get("eos_token_id")
@@ -318,6 +340,7 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             max_position_embeddings=max_positions,
             eos_token_ids=eos_ids,
+            layer_windows=layer_windows(raw, supported[0], int(raw["num_hidden_layers"])),
         )
 
     @classmethod
@@ -326,3 +349,36 @@ class ModelConfig:
         if not path.is_file():
             raise UnsupportedModelError(f"{str(folder)!r} is not a model folder: it has no config.json")
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def layer_windows(raw: dict[str, Any], architecture: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers 5.24 decides it from a `config.json`.
+
+    Mistral: `sliding_window` (when set) on every layer; `layer_types` is ignored there, as transformers
+    does. Qwen2 and Qwen3: `sliding_window` counts only with `use_sliding_window`; `layer_types` names each
+    layer's kind, else layers from `max_window_layers` (default 28) on slide. Llama has no window."""
+    if architecture == "LlamaForCausalLM":
+        return (None,) * num_layers
+    window = raw.get("sliding_window")
+    if architecture != "MistralForCausalLM" and not raw.get("use_sliding_window"):
+        window = None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise UnsupportedModelError(f"sliding_window = {window!r}: expected a positive integer or null")
+    if architecture == "MistralForCausalLM":
+        return (window,) * num_layers
+    kinds = raw.get("layer_types")
+    if kinds is None:
+        first = int(raw.get("max_window_layers", 28))
+        return tuple(window if window is not None and i >= first else None for i in range(num_layers))
+    accepted = ("full_attention", "sliding_attention")
+    if len(kinds) != num_layers or any(kind not in accepted for kind in kinds):
+        raise UnsupportedModelError(
+            f"layer_types = {kinds!r}: expected {num_layers} entries, each one of {', '.join(accepted)}"
+        )
+    if window is None and "sliding_attention" in kinds:
+        # transformers raises here too: a sliding layer needs a window.
+        raise UnsupportedModelError(
+            "layer_types names sliding_attention layers but no sliding_window is set "
+            "(sliding_window null or use_sliding_window false)"
+        )
+    return tuple(window if kind == "sliding_attention" else None for kind in kinds)

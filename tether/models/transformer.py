@@ -1,8 +1,9 @@
-"""Our decoder-only transformer for the Llama, Qwen2 and Qwen3 families, run against a paged KV cache.
+"""Our decoder-only transformer for the Llama (and Mistral), Qwen2 and Qwen3 families, over a paged KV cache.
 
-One implementation serves all three: they differ only in the traits of `ModelConfig` (q/k/v biases for
-Qwen2, per-head q/k RMSNorm for Qwen3). Parameter names equal Hugging Face's, so checkpoints load as-is.
-The model knows nothing about scheduling or sampling: it maps a flat batch of tokens to logits.
+One implementation serves them all: they differ only in the traits of `ModelConfig` (q/k/v biases for
+Qwen2, per-head q/k RMSNorm for Qwen3) and in each layer's sliding window (`ModelConfig.layer_windows`).
+Parameter names equal Hugging Face's, so checkpoints load as-is. The model knows nothing about scheduling
+or sampling: it maps a flat batch of tokens to logits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
+        self.window = config.layer_windows[layer]
+        """Sliding window in tokens (Mistral/Qwen2 style), or None for full causal attention."""
         self.q_proj = Linear(config.hidden_size, config.num_heads * config.head_dim, bias=traits.qkv_bias)
         kv_dim = config.num_kv_heads * config.head_dim
         self.k_proj = Linear(config.hidden_size, kv_dim, bias=traits.qkv_bias)
@@ -53,7 +56,7 @@ class Attention(nn.Module):
         cos, sin = cos_sin
         q, k = RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
         out = paged_attention(
-            q, k, v, kv_cache.keys[self.layer], kv_cache.values[self.layer], metadata, self.scale
+            q, k, v, kv_cache.keys[self.layer], kv_cache.values[self.layer], metadata, self.scale, self.window
         )
         projected: torch.Tensor = self.o_proj(out.reshape(tokens, -1))
         return projected
