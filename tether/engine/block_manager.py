@@ -10,6 +10,11 @@ would need about 2**64 work, and a hit also compares the block's token ids, so a
 reused for the same prefix. Blocks nobody
 references keep their KV and stay findable in an LRU pool until a fresh block is needed and the free
 list is empty.
+
+Lower tiers (`kv_tiers.py`): with `record_evictions` on, every cached block evicted from that pool is
+reported (`take_evicted`) so its KV can be copied out before the block is written again, so is every
+block that enters the cache from a computation (`take_newly_cached`, for a write-through disk tier), and
+blocks brought back from a lower tier re-enter the cache through `import_cached_blocks`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,17 @@ def slot_mapping(block_table: Seq[int], block_size: int, start: int, num_tokens:
     return [
         block_table[p // block_size] * block_size + p % block_size for p in range(start, start + num_tokens)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """A prefix-cache block: its KV (in `block_id`) belongs to the prefix `hash`, whose last block's
+    tokens are `token_ids`. Reported when it enters the cache and when it is evicted (then its KV stays
+    in `block_id` until the step that reuses the block writes)."""
+
+    block_id: int
+    hash: BlockHash
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +97,11 @@ class BlockManager:
         self._epoch = 0
         self._queries = 0
         self._hits = 0
+        self.record_evictions = False
+        """Report evicted and newly cached blocks (`take_evicted`, `take_newly_cached`): lower tiers keep
+        their KV."""
+        self._evicted: list[CachedBlock] = []
+        self._newly_cached: list[CachedBlock] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> BlockManager:
@@ -194,6 +215,8 @@ class BlockManager:
                 block.hash = hashes[i]
                 block.token_ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
                 self._cached[hashes[i]] = block.block_id
+                if self.record_evictions:
+                    self._newly_cached.append(CachedBlock(block.block_id, block.hash, block.token_ids))
         self._num_offered[seq.seq_id] = max(start, num_full)
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
@@ -245,10 +268,72 @@ class BlockManager:
             block.token_ids = ()
         self._free.extend(self._evictable)
         self._evictable.clear()
+        self._evicted.clear()  # KV of the old weights: not worth keeping
+        self._newly_cached.clear()
         forgotten = len(self._cached)
         self._cached.clear()
         self._epoch += 1
         return forgotten
+
+    def take_evicted(self) -> list[CachedBlock]:
+        """Cached blocks evicted since the last call, oldest first; their KV must be read before the
+        step's copies and forward pass write into them."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+    def take_newly_cached(self) -> list[CachedBlock]:
+        """Blocks that computations added to the prefix cache since the last call and that still hold
+        that KV (read them before the next step's writes)."""
+        fresh, self._newly_cached = self._newly_cached, []
+        return [b for b in fresh if self._blocks[b.block_id].hash == b.hash]
+
+    def cached_block_id(self, block_hash: BlockHash) -> int | None:
+        """The device block holding the prefix `block_hash`, if cached."""
+        return self._cached.get(block_hash)
+
+    def uncached_block_keys(self, seq: Sequence, first: int) -> list[tuple[BlockHash, tuple[int, ...]]]:
+        """(hash, token ids) of `seq`'s full blocks from index `first` up to, not including, the block
+        holding its last token: what a lower tier could supply after a device prefix of `first` blocks."""
+        size = self.block_size
+        hashes = self._block_hashes(seq, (seq.num_tokens - 1) // size)
+        return [
+            (hashes[i], tuple(seq.token_ids[i * size : (i + 1) * size])) for i in range(first, len(hashes))
+        ]
+
+    def import_cached_blocks(
+        self, keep: Seq[int], keys: Seq[tuple[BlockHash, tuple[int, ...]]]
+    ) -> dict[int, int]:
+        """Blocks to hold KV brought back from a lower tier, already findable in the prefix cache under
+        `keys` and unreferenced (the most recently used of the pool): the caller must fill them before the
+        next step's forward pass. The cached blocks `keep` (the device prefix in front of them) are marked
+        recently used first so that taking blocks does not evict them. At most `num_free_blocks` less the
+        unreferenced blocks of `keep`; keys already cached are skipped. Returns key index -> block id."""
+        for block_id in keep:
+            if block_id in self._evictable:
+                self._evictable.move_to_end(block_id)
+        room = self.num_free_blocks - sum(b in self._evictable for b in keep)
+        imported: dict[int, int] = {}
+        for index, (block_hash, token_ids) in enumerate(keys[: max(0, room)]):
+            if block_hash in self._cached:
+                continue
+            block = self._blocks[self._take_block()]
+            block.ref_count = 0
+            block.hash = block_hash
+            block.token_ids = token_ids
+            self._cached[block_hash] = block.block_id
+            self._evictable[block.block_id] = None
+            imported[index] = block.block_id
+        return imported
+
+    def allocate_restored(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Fresh blocks for the first `num_tokens` positions of a sequence holding none, whose KV the
+        caller copies in (a swapped-out sequence coming back); marks them computed."""
+        assert not seq.block_table and seq.num_computed_tokens == 0, "restore into a sequence with blocks"
+        assert self._blocks_needed(seq, num_tokens, ()) <= self.num_free_blocks, "restore without room"
+        seq.block_table = [self._take_block() for _ in range(-(-num_tokens // self.block_size))]
+        seq.num_computed_tokens = num_tokens
+        self._seq_epoch[seq.seq_id] = self._epoch
+        return list(seq.block_table)
 
     def slot_mapping(self, seq: Sequence, start: int, num_tokens: int) -> list[int]:
         """The flat KV slot (block_id * block_size + offset) of positions [start, start + num_tokens)."""
@@ -296,6 +381,8 @@ class BlockManager:
             block = self._blocks[self._evictable.popitem(last=False)[0]]
             assert block.hash is not None
             del self._cached[block.hash]
+            if self.record_evictions:
+                self._evicted.append(CachedBlock(block.block_id, block.hash, block.token_ids))
             block.hash = None
             block.token_ids = ()
         assert block.ref_count == 0

@@ -13,9 +13,14 @@ from tether.errors import ConfigError
 
 
 class PreemptionMode(Enum):
-    """What happens to a preempted sequence's KV: only `recompute` (drop it, prefill again later)."""
+    """What happens to a preempted sequence's KV."""
 
     RECOMPUTE = "recompute"
+    """Drop it and prefill the sequence again later."""
+    SWAP = "swap"
+    """Copy it to the host tier and copy it back when the sequence runs again."""
+    AUTO = "auto"
+    """Per sequence, whichever the measured cost model (`swap_cost.py`) says is cheaper."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,14 @@ class EngineConfig:
     """Reuse the KV of full blocks whose whole token prefix was computed before."""
     preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE
     """Accepts the enum or its value; stored as the enum."""
+    kv_host_tier_mib: int = 0
+    """Host memory (pinned on CUDA) for prefix-cache blocks evicted from the device and for swapped-out
+    sequences; 0: no host tier."""
+    kv_disk_tier_dir: str | None = None
+    """Folder of the disk tier: prefix-cache blocks evicted from the host tier (or from the device when
+    there is no host tier), kept across restarts, one subfolder per model fingerprint; None: no disk tier."""
+    kv_disk_tier_mib: int = 4096
+    """Most disk space the disk tier's block files take; the least recently used go first."""
     lanes: int = 1
     """Forwards run at once per step on CPU, each over a share of the batch and of torch's threads
     (`ModelRunner.set_lanes`). One (each op split over the threads) is fastest on cores the engine has to
@@ -69,6 +82,7 @@ class EngineConfig:
                 f"engine: preemption_mode = {self.preemption_mode!r}: expected one of {accepted}"
             ) from None
         object.__setattr__(self, "preemption_mode", mode)
+        self._check_tiers(mode)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"engine: max_num_batched_tokens = {self.max_num_batched_tokens}: expected at least "
@@ -81,6 +95,36 @@ class EngineConfig:
                 f"(max_model_len {self.max_model_len} / block_size {self.block_size}), "
                 "so that one sequence of max_model_len tokens fits"
             )
+
+    def _check_tiers(self, mode: PreemptionMode) -> None:
+        for name in ("kv_host_tier_mib", "kv_disk_tier_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"engine: {name} = {value!r}: expected an integer of at least 0 (MiB)")
+        directory = self.kv_disk_tier_dir
+        if directory is not None and (not isinstance(directory, str) or not directory.strip()):
+            raise ConfigError(f"engine: kv_disk_tier_dir = {directory!r}: expected a folder path or None")
+        if directory is not None and self.kv_disk_tier_mib == 0:
+            raise ConfigError(
+                f"engine: kv_disk_tier_mib = 0 with kv_disk_tier_dir = {directory!r}: expected at least "
+                "1 MiB of disk for the disk tier (or no kv_disk_tier_dir)"
+            )
+        if mode is not PreemptionMode.RECOMPUTE and self.kv_host_tier_mib == 0:
+            raise ConfigError(
+                f"engine: preemption_mode = {mode.value!r} swaps KV to the host tier: expected "
+                "kv_host_tier_mib of at least 1 (or preemption_mode 'recompute')"
+            )
+        if (self.kv_host_tier_mib or directory is not None) and not self.enable_prefix_caching:
+            raise ConfigError(
+                "engine: kv_host_tier_mib / kv_disk_tier_dir keep evicted prefix-cache blocks: expected "
+                "enable_prefix_caching = true"
+            )
+
+    @property
+    def preemption(self) -> PreemptionMode:
+        """`preemption_mode` as the enum (it is stored as one)."""
+        assert isinstance(self.preemption_mode, PreemptionMode)
+        return self.preemption_mode
 
     @property
     def max_blocks_per_seq(self) -> int:

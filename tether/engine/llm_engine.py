@@ -15,6 +15,7 @@ Structured sequences are never drafted for (a speculative engine decodes them on
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
 from tether.engine.context_limits import kv_cache_blocks, resolve_max_model_len
 from tether.engine.grammar import GrammarCompiler, TokenMasks, compile_grammar
+from tether.engine.kv_tiers import KVTiers, KVTierStats
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.request import Completion, EngineRequest, RequestOutput, sample_seeds
 from tether.engine.sampling import SamplingParams, sample_rows, top_alternatives
@@ -83,7 +85,13 @@ class LLMEngine:
             runner.governor = ThreadGovernor()
         self.config = config
         self.block_manager = BlockManager.from_config(config)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.tiers = KVTiers.for_engine(
+            config, runner.kv_cache, self.block_manager, runner.config, runner.model.named_parameters
+        )
+        """Host and disk KV tiers under the device cache, when the config asks for any."""
+        self.scheduler = Scheduler(
+            config, self.block_manager, None if self.tiers is None else self.tiers.choose_preemption
+        )
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
         self.policy_version = 0
@@ -209,7 +217,11 @@ class LLMEngine:
         """Run one engine step; returns the requests that gained tokens or finished in it."""
         self._apply_ready_updates()
         drafts = self._propose()
+        if self.tiers is not None:
+            self.tiers.promote(self.scheduler.waiting)
         plan = self.scheduler.schedule({seq_id: draft.token_ids for seq_id, draft in drafts.items()})
+        if self.tiers is not None:
+            self.tiers.apply(plan)  # before any block is written: freed and evicted blocks' KV goes out
         if plan.is_empty:
             return []
         if plan.copies:
@@ -245,6 +257,7 @@ class LLMEngine:
         pending = (  # computed while the forward pass runs
             None if self._masks is None else self._masks.start([r.matcher(seq_id) for r, seq_id in targets])
         )
+        started = time.perf_counter()
         logits = self.runner.step(
             [
                 SequenceChunk(
@@ -257,6 +270,8 @@ class LLMEngine:
                 for c in plan.chunks
             ]
         )
+        if self.tiers is not None:
+            self.tiers.observe_step(plan, logits, time.perf_counter() - started)
         assert offset == len(logits), "every logits row belongs to a sampling chunk"
         for request, seq, row, scheduled in verifies:
             rows = logits[row : row + len(scheduled) + 1]
@@ -281,6 +296,8 @@ class LLMEngine:
             completion = request.output.completions[request.seq_index[seq.seq_id]]
             completion.finish_reason = completion.finish_reason or seq.finish_reason
             touched[seq.request_id] = request
+        if self.tiers is not None:
+            self.tiers.persist_new_blocks()
         for request_id, request in touched.items():
             if request.output.finished:
                 del self._requests[request_id]
@@ -346,8 +363,11 @@ class LLMEngine:
         sampled[seq.seq_id] = emitted
 
     def _release_draft(self, seq: Sequence) -> None:
+        """Forget what a finished or aborted sequence held outside the scheduler: drafts, swapped KV."""
         if self._proposer is not None:
             self._proposer.release(seq.seq_id)
+        if self.tiers is not None:
+            self.tiers.release_swap(seq.seq_id)
 
     def _fork_samples(self, request: EngineRequest, seq: Sequence) -> list[int]:
         """The sequences that sample from this row: the first sample of n forks the other n - 1."""
@@ -413,6 +433,23 @@ class LLMEngine:
         """The weights the engine decodes with, as a weight update names them."""
         return self.runner.model.named_parameters()
 
+    def tier_stats(self) -> KVTierStats:
+        """Where prefix KV was found, what moved between tiers and what was computed again."""
+        scheduler = self.scheduler
+        recompute_preemptions = scheduler.num_preemptions - scheduler.num_swap_preemptions
+        if self.tiers is None:
+            return KVTierStats(
+                device_hit_tokens=self.block_manager.stats().prefix_cache_hits,
+                recomputed_tokens=scheduler.num_recomputed_tokens,
+                recompute_preemptions=recompute_preemptions,
+            )
+        return self.tiers.stats(
+            self.block_manager.stats().prefix_cache_hits,
+            scheduler.num_swap_preemptions,
+            recompute_preemptions,
+            scheduler.num_recomputed_tokens,
+        )
+
     @property
     def weight_stats(self) -> WeightUpdateStats:
         return WeightUpdateStats(
@@ -436,6 +473,8 @@ class LLMEngine:
     def _apply(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.runner.update_weights(tensors)
         self.block_manager.invalidate_prefix_cache()
+        if self.tiers is not None:
+            self.tiers.invalidate(self.runner.model.named_parameters)
         self._num_invalidations += 1
         self._num_updates += 1
         self.policy_version = version

@@ -1,4 +1,4 @@
-"""Continuous batching with chunked prefill, priorities and preemption by recomputation.
+"""Continuous batching with chunked prefill, priorities and preemption by recomputation or swapping.
 
 `schedule()` plans one step as plain data; the engine runs the model and reports back through
 `update_from_output()`. The scheduler knows nothing about torch, tokenization or sampling, and the engine
@@ -7,14 +7,17 @@ thread-safe: one engine loop calls `add`, `abort` and `fork` between or around i
 
 Policy. Importance is (priority, earlier arrival). Each step first gives every running sequence its next
 tokens (one for decode, a chunk for an unfinished prefill), most important first, within the token
-budget; when blocks run out, the least important running sequence is preempted (its KV dropped, to be
-computed again) until the current one fits, possibly itself. If nothing was preempted, waiting sequences
-are then admitted in order of importance while seats, budget and blocks allow; a waiting sequence may
-preempt running ones of strictly lower priority for a seat or blocks. Admission stops at the first
-waiting sequence that cannot be placed, so lower-priority ones never jump ahead of it. One exception:
-a waiting sequence whose next uncached prompt block is being computed by a running prefill is deferred
-(skipped, not blocking) until that block reaches the prefix cache, so requests arriving together with a
-shared system prompt compute it once instead of once each.
+budget; when blocks run out, the least important running sequence is preempted until the current one
+fits, possibly itself: its KV is dropped, to be computed again, or, when the `PreemptionChooser` says so
+(`EngineConfig.preemption_mode` "swap" or "auto"), swapped out (`SchedulerOutput.swap_out`: the engine
+copies those blocks to the host tier before the step writes any block) and swapped back in when it is
+admitted again (`SchedulerOutput.swap_in`: copied into fresh blocks before the forward pass). If nothing
+was preempted, waiting sequences are then admitted in order of importance while seats, budget and blocks
+allow; a waiting sequence may preempt running ones of strictly lower priority for a seat or blocks.
+Admission stops at the first waiting sequence that cannot be placed, so lower-priority ones never jump
+ahead of it. One exception: a waiting sequence whose next uncached prompt block is being computed by a
+running prefill is deferred (skipped, not blocking) until that block reaches the prefix cache, so
+requests arriving together with a shared system prompt compute it once instead of once each.
 
 Weight updates. `recompute_all()` drops every running sequence's KV between steps, as a preemption of
 all of them: after new weights arrive, old KV must not be attended to.
@@ -29,10 +32,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tether.block_hash import BlockHash
 from tether.engine.block_manager import BlockCopy, BlockManager, slot_mapping
-from tether.engine.config import EngineConfig
+from tether.engine.config import EngineConfig, PreemptionMode
 from tether.engine.sequence import FinishReason, Sequence, SequenceStatus
 from tether.errors import TetherError
 
@@ -71,12 +75,39 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class SwapOut:
+    """Copy the KV of a preempted sequence's first `num_tokens` positions, held in `block_ids` (freed
+    this step: read them before any write), to the host tier."""
+
+    seq_id: int
+    block_ids: list[int]
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapIn:
+    """Copy a swapped-out sequence's KV back from the host tier into `block_ids`, before the forward."""
+
+    seq_id: int
+    block_ids: list[int]
+
+
+class PreemptionChooser(Protocol):
+    def __call__(self, seq_id: int, num_blocks: int, num_tokens: int) -> PreemptionMode:
+        """SWAP (then host room for `num_blocks` is promised to the sequence) or RECOMPUTE for a sequence
+        holding `num_blocks` blocks of KV for `num_tokens` computed tokens."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
     preempted: list[int]
-    """Sequences whose KV was dropped this step; they wait to be computed again."""
+    """Sequences preempted this step (swapped out or to be computed again)."""
     copies: list[BlockCopy]
     """Block copies (copy-on-write) to perform before the forward pass."""
+    swap_out: list[SwapOut] = field(default_factory=list)
+    swap_in: list[SwapIn] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -94,6 +125,8 @@ class _Plan:
     copies: dict[int, list[BlockCopy]] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
     drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    swap_out: list[SwapOut] = field(default_factory=list)
+    swap_in: list[SwapIn] = field(default_factory=list)
 
 
 def _importance(seq: Sequence) -> tuple[int, int]:
@@ -102,8 +135,16 @@ def _importance(seq: Sequence) -> tuple[int, int]:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager | None = None,
+        choose_preemption: PreemptionChooser | None = None,
+    ) -> None:
+        if config.preemption is not PreemptionMode.RECOMPUTE and choose_preemption is None:
+            raise ValueError(f"preemption_mode {config.preemption.value!r} needs a choose_preemption")
         self.config = config
+        self._choose_preemption = choose_preemption
         self.block_manager = block_manager if block_manager is not None else BlockManager.from_config(config)
         assert self.block_manager.block_size == config.block_size
         self._seqs: dict[int, Sequence] = {}
@@ -112,6 +153,11 @@ class Scheduler:
         self._next_arrival = 0
         self.num_preemptions = 0
         """Preemptions since construction."""
+        self.num_swap_preemptions = 0
+        """Of those, the ones that swapped the sequence's KV out instead of dropping it."""
+        self.num_recomputed_tokens = 0
+        """Tokens whose computed KV was dropped (by preemption or `recompute_all`), to be computed again."""
+        self._swapped: dict[int, int] = {}  # swapped-out sequence -> tokens of KV the host tier holds
         self._may_sample: set[int] = set()  # sequences that may receive a token in update_from_output
 
     @property
@@ -192,10 +238,17 @@ class Scheduler:
         dropped = sorted(self._running, key=_importance)
         for seq in dropped:
             self.block_manager.free(seq)
+            self.num_recomputed_tokens += seq.num_computed_tokens
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.PREEMPTED
         self._running.clear()
         self._waiting.extend(dropped)
+        # Swapped-out KV is of the old weights too: those sequences compute everything again.
+        for seq in self._waiting:
+            if seq.status is SequenceStatus.SWAPPED:
+                self.num_recomputed_tokens += self._swapped.pop(seq.seq_id)
+                seq.status = SequenceStatus.PREEMPTED
+                dropped.append(seq)
         return dropped
 
     def schedule(self, drafts: Mapping[int, Seq[int]] | None = None) -> SchedulerOutput:
@@ -225,7 +278,7 @@ class Scheduler:
             for seq in sorted(self._waiting, key=_importance):
                 if plan.budget == 0:
                     break
-                if self._shares_block_in_flight(seq, in_flight):
+                if seq.seq_id not in self._swapped and self._shares_block_in_flight(seq, in_flight):
                     continue
                 if not self._admit(seq, plan):
                     break
@@ -299,11 +352,14 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, plan: _Plan) -> bool:
         """Start computing a waiting sequence, preempting lower-priority ones if needed."""
+        restored = self._swapped.get(seq.seq_id, 0)
         while True:
-            prefix = self.block_manager.find_cached_prefix(seq)
-            num_tokens = min(seq.num_tokens - len(prefix) * self.config.block_size, plan.budget)
+            # A swapped-out sequence holds (in the host tier) the KV of its first `restored` tokens.
+            prefix = [] if restored else self.block_manager.find_cached_prefix(seq)
+            start = restored or len(prefix) * self.config.block_size
+            num_tokens = min(seq.num_tokens - start, plan.budget)
             if len(self._running) < self.config.max_num_seqs and self.block_manager.can_allocate(
-                seq, num_tokens, prefix
+                seq, restored + num_tokens, prefix
             ):
                 break
             victim = max(self._running, key=_importance, default=None)
@@ -313,6 +369,9 @@ class Scheduler:
         self._waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         self._running.append(seq)
+        if restored:
+            del self._swapped[seq.seq_id]
+            plan.swap_in.append(SwapIn(seq.seq_id, self.block_manager.allocate_restored(seq, restored)))
         self._place(seq, num_tokens, prefix, plan)
         return True
 
@@ -356,20 +415,46 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, plan: _Plan) -> None:
         if seq.seq_id in plan.chunks:  # scheduled earlier in this step: give its budget back
-            plan.budget += plan.chunks.pop(seq.seq_id)[1]
+            start, num_tokens = plan.chunks.pop(seq.seq_id)
+            plan.budget += num_tokens
             plan.copies.pop(seq.seq_id, None)
             plan.drafts.pop(seq.seq_id, None)
+            seq.num_computed_tokens = start  # the chunk's KV was never computed
+        swap_in = next((s for s in plan.swap_in if s.seq_id == seq.seq_id), None)
+        if swap_in is not None:  # admitted with a swap-in this step: its KV is still in the host tier
+            plan.swap_in.remove(swap_in)
+            self._swapped[seq.seq_id] = seq.num_computed_tokens
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.SWAPPED
+            self._running.remove(seq)
+            self._waiting.append(seq)
+            plan.preempted.append(seq.seq_id)
+            return
+        computed = seq.num_computed_tokens
+        num_blocks = -(-computed // self.config.block_size)
+        mode = PreemptionMode.RECOMPUTE
+        if computed and self._choose_preemption is not None:
+            mode = self._choose_preemption(seq.seq_id, num_blocks, computed)
+        if mode is PreemptionMode.SWAP:
+            plan.swap_out.append(SwapOut(seq.seq_id, seq.block_table[:num_blocks], computed))
+            self._swapped[seq.seq_id] = computed
+            self.num_swap_preemptions += 1
+            seq.status = SequenceStatus.SWAPPED
+        else:
+            self.num_recomputed_tokens += computed
+            seq.status = SequenceStatus.PREEMPTED
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        seq.status = SequenceStatus.PREEMPTED
         self._running.remove(seq)
         self._waiting.append(seq)
         plan.preempted.append(seq.seq_id)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.block_manager.free(seq)
+        self._swapped.pop(seq.seq_id, None)
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
         else:
@@ -400,4 +485,10 @@ class Scheduler:
                 )
             )
         copies = [copy for seq_copies in plan.copies.values() for copy in seq_copies]
-        return SchedulerOutput(chunks=chunks, preempted=plan.preempted, copies=copies)
+        return SchedulerOutput(
+            chunks=chunks,
+            preempted=plan.preempted,
+            copies=copies,
+            swap_out=plan.swap_out,
+            swap_in=plan.swap_in,
+        )

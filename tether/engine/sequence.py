@@ -18,6 +18,8 @@ class SequenceStatus(Enum):
     """Holds KV blocks and is scheduled every step it has tokens to compute."""
     PREEMPTED = "preempted"
     """Queued again after its KV was dropped to free blocks; all its tokens will be computed again."""
+    SWAPPED = "swapped"
+    """Queued again after its KV was copied to the host tier; it is copied back when the sequence runs."""
     FINISHED = "finished"
 
 

@@ -66,3 +66,16 @@ class KVCache:
         for layer in range(self.num_layers):
             self.keys[layer][targets] = self.keys[layer][sources]
             self.values[layer][targets] = self.values[layer][sources]
+
+    def gather_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Per layer, K then V of the blocks, each [len(block_ids), block_size, heads, head_dim]: one
+        index_select per tensor whatever the number of blocks."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.keys[0].device)
+        return [t.index_select(0, index) for t in (*self.keys, *self.values)]
+
+    def scatter_blocks(self, block_ids: list[int], blocks: list[torch.Tensor]) -> None:
+        """Write `blocks` (as `gather_blocks` returns them, on any device) into the blocks: one
+        index_copy_ per tensor."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.keys[0].device)
+        for target, source in zip((*self.keys, *self.values), blocks, strict=True):
+            target.index_copy_(0, index, source.to(target.device, non_blocking=True))
