@@ -447,5 +447,5 @@ class KVTiers:
         if not fresh:
             return
         blocks = torch.stack([t.cpu() for t in self.cache.gather_blocks([e.block_id for e in fresh])], dim=1)
-        for block, payload in zip(fresh, blocks.unbind(1), strict=True):
+        for block, payload in zip(fresh, blocks.unbind(0), strict=True):
             self._counts["disk_bytes_out"] += self.disk.write(block.hash, block.token_ids, payload)

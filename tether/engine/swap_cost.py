@@ -35,11 +35,16 @@ class RateMeter:
     __slots__ = ("num_observations", "rate", "weight")
 
     def __init__(self, prior: float, weight: float = 0.3) -> None:
-        assert prior > 0 and 0 < weight <= 1
+        assert prior > 0 and 0 <= weight <= 1
         self.rate = prior
         self.weight = weight
-        """Share of a new observation in the mean."""
+        """Share of a new observation in the mean; 0 keeps the prior (`fixed`)."""
         self.num_observations = 0
+
+    @classmethod
+    def fixed(cls, rate: float) -> RateMeter:
+        """A meter that ignores observations: for tests and benchmarks that set the cost model's input."""
+        return cls(rate, weight=0.0)
 
     def observe(self, amount: float, seconds: float) -> None:
         """Record that `amount` (tokens, bytes) took `seconds`; too short a time to measure is ignored."""
