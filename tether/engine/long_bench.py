@@ -140,7 +140,7 @@ def assemble(
     recompute = tiers["prefill_s"]
     longest = str(config.max_context)
     decode = {
-        str(config.short_context_tokens): tiers["short_decode_tok_s"],
+        str(config.short_context): tiers["short_decode_tok_s"],
         str(config.prompt_tokens): tiers["decode_tok_s"],
         longest: results[Part.FULL_BLOCKWISE]["decode_tok_s"]
         if config.full

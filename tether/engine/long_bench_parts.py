@@ -65,8 +65,8 @@ class LongBenchConfig:
     """max_model_len of every engine; the KV cache holds one sequence this long."""
     prompt_tokens: int = 16384
     """The long prompt's shared prefix: the block-wise comparison and the tiers' repeated prefix."""
-    short_context_tokens: int = 4096
-    """The shortest context decode speed is measured at."""
+    short_context_tokens: int | None = None
+    """The shortest context decode speed is measured at; None: a quarter of `prompt_tokens`."""
     decode_tokens: int = 32
     """Tokens decoded at each context."""
     chunk_tokens: int = 512
@@ -80,6 +80,8 @@ class LongBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.short_context_tokens is None and isinstance(self.prompt_tokens, int):
+            object.__setattr__(self, "short_context_tokens", self.prompt_tokens // 4)
         for name in (
             "max_context",
             "prompt_tokens",
@@ -95,6 +97,7 @@ class LongBenchConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"long bench: {name} = {value!r}: expected an integer of at least 1")
         longest = self.max_context - self.decode_tokens - ROOM_TOKENS
+        assert self.short_context_tokens is not None
         if not self.short_context_tokens < self.prompt_tokens <= longest:
             raise ConfigError(
                 f"long bench: expected short_context_tokens ({self.short_context_tokens}) < prompt_tokens "
@@ -102,6 +105,12 @@ class LongBenchConfig:
                 "room for a question and the decode"
             )
         RopeScaling.parse(self.rope_scaling)  # a bad spec fails here, before any process starts
+
+    @property
+    def short_context(self) -> int:
+        """`short_context_tokens`, as resolved on construction."""
+        assert self.short_context_tokens is not None
+        return self.short_context_tokens
 
     @property
     def full_prompt_tokens(self) -> int:
@@ -135,7 +144,7 @@ class Setup:
     @classmethod
     def plan(cls, config: LongBenchConfig, folder: Path, workdir: Path) -> Setup:
         """The cache holds one `max_context` sequence; the host tier the prompt's KV and a quarter; the
-        disk tier everything the tiers part computes (written through), twice the cache."""
+        disk tier (written through) everything the tiers part computes, with room to spare."""
         per_token = kv_bytes_per_token(ModelConfig.from_folder(folder), torch.float32)
         cache_tokens = config.max_context + config.decode_tokens + ROOM_TOKENS
         return cls(
@@ -145,7 +154,7 @@ class Setup:
             kv_bytes_per_token=per_token,
             kv_cache_mib=math.ceil(cache_tokens * per_token / MIB),
             host_tier_mib=math.ceil(config.prompt_tokens * 5 // 4 * per_token / MIB),
-            disk_tier_mib=math.ceil(2 * cache_tokens * per_token / MIB),
+            disk_tier_mib=math.ceil(3 * cache_tokens * per_token / MIB) + 1,
         )
 
     def open_engine(self, block_tokens: int, disk: str) -> LLMEngine:
@@ -254,8 +263,8 @@ def run_tiers(setup: Setup, say: Progress) -> Figures:
     figures = prefill_figures(engine, setup.prompt(config.prompt_tokens, 0), config.decode_tokens)
     second = setup.prompt(config.prompt_tokens, 1)
     figures["device_ttft_s"], _, figures["device_cached_tokens"] = first_token_and_decode(engine, second)
-    say(f"decode at {config.short_context_tokens} tokens")
-    short = random_prompt(engine, config.short_context_tokens, rng)
+    say(f"decode at {config.short_context} tokens")
+    short = random_prompt(engine, config.short_context, rng)
     figures["short_decode_tok_s"] = first_token_and_decode(engine, short, config.decode_tokens)[1]
     device_tokens = engine.config.num_blocks * engine.config.block_size
     say(f"filler of {device_tokens} tokens: the prefix out of the device cache into the host tier")
@@ -274,7 +283,7 @@ def run_restart(setup: Setup, say: Progress) -> Figures:
     figures["disk_ttft_s"], _, figures["disk_cached_tokens"] = first_token_and_decode(engine, second)
     figures["tier_stats"] = asdict(engine.tier_stats())
     synthetic = {}
-    for context in (config.short_context_tokens, config.prompt_tokens, config.max_context):
+    for context in (config.short_context, config.prompt_tokens, config.max_context):
         say(f"decode over a synthetic context of {context} tokens")
         start = min(context, config.max_context - config.decode_tokens - 1)
         synthetic[str(context)] = synthetic_decode_tok_s(engine, start, config.decode_tokens)
