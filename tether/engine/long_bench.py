@@ -82,6 +82,7 @@ def run_part(part: Part, setup: Setup, say: Progress) -> Figures:
             if kind == "progress":
                 say(f"{part.value}: {payload}")
             elif kind == "result":
+                say(f"{part.value}: done: {summary(payload)}")
                 return dict(payload)
             elif kind == "user-error":
                 raise payload
@@ -92,6 +93,11 @@ def run_part(part: Part, setup: Setup, say: Progress) -> Figures:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+def summary(figures: Figures) -> str:
+    """A part's scalar figures on one line, so a run cut short still shows what it measured."""
+    return ", ".join(f"{key} {value:.4g}" for key, value in figures.items() if isinstance(value, int | float))
 
 
 def ratio(numerator: float, denominator: float) -> float:

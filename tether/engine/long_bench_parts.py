@@ -38,7 +38,7 @@ from tether.engine.model_runner import SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
 from tether.kernels.blockwise import LongChunkAttention
-from tether.models.config import ModelConfig, RopeScaling
+from tether.models.config import ModelConfig, RopeScaling, UnsupportedModelError
 from tether.models.loader import load_tokenizer
 from tether.models.quantize import REFERENCE_TEXT
 
@@ -104,7 +104,10 @@ class LongBenchConfig:
                 f"({self.prompt_tokens}) <= max_context - decode_tokens - {ROOM_TOKENS} ({longest}): "
                 "room for a question and the decode"
             )
-        RopeScaling.parse(self.rope_scaling)  # a bad spec fails here, before any process starts
+        try:  # a bad spec fails here, before any process starts
+            RopeScaling.parse(self.rope_scaling)
+        except UnsupportedModelError as error:
+            raise ConfigError(f"long bench: rope_scaling = {self.rope_scaling!r}: {error}") from None
 
     @property
     def short_context(self) -> int:
