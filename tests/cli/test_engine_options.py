@@ -1,6 +1,7 @@
-"""`--device` and `--dtype` of every command that runs tether's own engine: one spelling, and a bad value
-fails with the accepted ones before any model is pulled or loaded (the model here is an empty folder,
-whose loading error would come first otherwise)."""
+"""`--device`, `--dtype`, `--rope-scaling` and `--max-model-len` of every command that runs tether's own
+engine: one spelling, and a bad value fails with the accepted ones before any model is pulled or loaded
+(the model here is an empty folder, whose loading error would come first otherwise); good ones reach
+the engine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.cli.main import app
+from tether.errors import ConfigError
+from tether.models.config import RopeScaling
+from tether.web import free_port
 
 runner = CliRunner()
 
@@ -38,3 +42,58 @@ def test_a_bad_device_or_dtype_fails_before_the_model_loads(
     output = " ".join(result.output.split())
     assert result.exit_code == 2, output
     assert f"error: {expected}" in output
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (["--rope-scaling", "wavy:2"], "error: rope scaling type 'wavy' is not supported; accepted: default"),
+        (["--rope-scaling", "yarn"], "error: rope scaling 'yarn': expected TYPE:FACTOR"),
+        (["--max-model-len", "0"], "Invalid value for '--max-model-len': Input should be greater than or"),
+    ],
+    ids=["rope-type", "rope-form", "max-model-len"],
+)
+def test_a_bad_rope_scaling_or_max_model_len_fails_before_the_model_loads(
+    command: str, option: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    empty = tmp_path / "model"
+    empty.mkdir()
+    result = runner.invoke(app, [*COMMANDS[command], "--model", str(empty), *option])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert expected in output
+
+
+REACHING = {
+    "serve": ["serve", "--port", str(free_port())],
+    "eval": ["eval", "--envs", "math/arithmetic", "-n", "1", "--kv-cache-mib", "64"],
+    "agent run": ["agent", "run", "say hello", "--kv-cache-mib", "64"],
+    "worker": ["worker", "--exit-when-idle", "--kv-cache-mib", "64"],
+}
+
+
+@pytest.mark.parametrize("command", list(REACHING))
+def test_max_model_len_and_rope_scaling_reach_the_engine(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the command hands `LLMEngine.from_pretrained`, which checks them against the model."""
+    from tether.engine.llm_engine import LLMEngine
+
+    given: dict[str, object] = {}
+
+    def from_pretrained(path: object, **options: object) -> None:
+        given.update(options)
+        raise ConfigError("stopped before loading")
+
+    monkeypatch.setattr(LLMEngine, "from_pretrained", from_pretrained)
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    empty = tmp_path / "model"
+    empty.mkdir()
+    options = ["--device", "cpu", "--max-model-len", "32768", "--rope-scaling", "yarn:4"]
+    result = runner.invoke(app, [*REACHING[command], "--model", str(empty), *options])
+    assert "error: stopped before loading" in " ".join(result.output.split())
+    assert given["max_model_len"] == 32768
+    assert given["rope_scaling"] == RopeScaling(rope_type="yarn", factor=4.0)
+    assert given["kv_cache_mib"] == 64 or command == "serve"

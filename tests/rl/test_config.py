@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,12 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({**MINIMAL, "rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt = 0"),
         ({**MINIMAL, "rollout": {"temperature": 0}}, "temperature = 0: Input should be greater than 0"),
         ({**MINIMAL, "model": {"device": "gpu"}}, "model.device = 'gpu': String should match pattern"),
+        ({**MINIMAL, "model": {"max_model_len": 0}}, "model.max_model_len = 0: Input should be greater"),
+        (
+            {**MINIMAL, "model": {"rope_scaling": "wavy:2"}},
+            "model.rope_scaling = 'wavy:2': rope scaling type 'wavy' is not supported; accepted: default",
+        ),
+        ({**MINIMAL, "model": {"rope_scaling": "yarn:0"}}, "model.rope_scaling = 'yarn:0': rope scaling"),
         ({"envs": {"weights": {"math/arithmetic": 0.0}}}, "every weight must be a positive number"),
         ({"envs": {"weights": {"math/arithmetic": float("nan")}}}, "every weight must be a positive number"),
         ({**MINIMAL, "run": {"mode": "fast"}}, "run.mode = 'fast': Input should be 'sync' or 'async'"),
@@ -135,3 +142,22 @@ def test_float16_with_a_sharded_learner_is_refused_when_the_config_is_read() -> 
     }
     with pytest.raises(ConfigError, match=r"model\.dtype = 'float16' with learner\.strategy = 'fsdp'"):
         parse_config(raw)
+
+
+def test_max_model_len_and_rope_scaling_reach_the_engine_and_the_learner(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    """The tiny model has 2048 positions: 8192 tokens need its rope scaled, in the learner too (or its
+    logprobs would not be the engine's)."""
+    from tether.models.config import RopeScaling
+    from tether.rl.builders import make_engine, make_learner
+
+    model = {"name": str(tiny_model("qwen2")), "kv_cache_mib": 8, "max_model_len": 8192}
+    config = parse_config({**MINIMAL, "model": {**model, "rope_scaling": "yarn:4"}})
+    engine, _ = make_engine(config, "cpu")
+    assert engine.config.max_model_len == 8192
+    yarn = RopeScaling("yarn", 4.0, 2048)
+    assert engine.runner.model.config.rope_scaling == yarn
+    assert make_learner(config, "cpu").model.config.rope_scaling == yarn
+    with pytest.raises(ConfigError, match="max_model_len 8,192 is past the model's context limit of 2,048"):
+        make_engine(parse_config({**MINIMAL, "model": model}), "cpu")

@@ -35,3 +35,21 @@ def test_open_client_picks_the_client_each_pair_names(tmp_path: Path) -> None:
         open_client(f"scripted:{script}", "http://x/v1", tmp_path)
     with pytest.raises(ConfigError, match="no model"):
         open_client(None, None, tmp_path)
+
+
+async def test_the_in_process_engine_holds_the_length_and_rope_scaling_asked_for(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The tiny model has 2048 positions; with yarn x4 it holds a prompt of 3000 tokens (one a byte)."""
+    folder = str(tiny_model("qwen2"))
+    with pytest.raises(ConfigError, match="past the model's context limit of 2,048 positions"):
+        EngineClient(folder, tmp_path, kv_cache_mib=8, device="cpu", max_model_len=4096)
+    client = EngineClient(
+        folder, tmp_path, kv_cache_mib=8, device="cpu", max_model_len=4096, rope_scaling="yarn:4"
+    )
+    try:
+        long = ChatRequest([{"role": "user", "content": "ab" * 1500}], max_tokens=1)
+        completion = await client.complete(long)
+    finally:
+        await client.close()
+    assert completion.usage.prompt_tokens > 3000

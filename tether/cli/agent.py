@@ -26,7 +26,17 @@ from tether.cli.agent_journal import (
     show_command,
     task_journal,
 )
-from tether.cli.common import DeviceOption, DTypeOption, err_console, print_json, state, user_errors
+from tether.cli.common import (
+    DeviceOption,
+    DTypeOption,
+    KvCacheMibOption,
+    MaxModelLenOption,
+    RopeScalingOption,
+    err_console,
+    print_json,
+    state,
+    user_errors,
+)
 from tether.cli.worker import (
     ArtifactsOption,
     BaseUrlOption,
@@ -138,6 +148,9 @@ def run_command(
     base_url: BaseUrlOption = None,
     device: DeviceOption = "auto",
     dtype: DTypeOption = "float32",
+    kv_cache_mib: KvCacheMibOption = 256,
+    max_model_len: MaxModelLenOption = None,
+    rope_scaling: RopeScalingOption = None,
     max_steps: MaxStepsOption = None,
     require_finish: RequireFinishOption = True,
     task_file: TaskFileOption = None,
@@ -162,7 +175,9 @@ def run_command(
             raise ConfigError("give the task's goal, or --family NAME [--seed N] for a task of a family")
         else:
             spec = _spec(goal, roles, max_steps, file, require_finish, task_file)
-        chat_model = open_model_client(cli, model, base_url, device, dtype)
+        chat_model = open_model_client(
+            cli, model, base_url, device, dtype, kv_cache_mib, max_model_len, rope_scaling
+        )
         task_id = asyncio.run(_submit(config, spec))
         console.print(
             f"task {task_id} submitted; resume it with `tether agent resume {task_id}`", highlight=False
@@ -227,6 +242,9 @@ def resume_command(
     base_url: BaseUrlOption = None,
     device: DeviceOption = "auto",
     dtype: DTypeOption = "float32",
+    kv_cache_mib: KvCacheMibOption = 256,
+    max_model_len: MaxModelLenOption = None,
+    rope_scaling: RopeScalingOption = None,
     home: HomeOption = None,
     store: StoreOption = None,
     bus: BusOption = None,
@@ -253,7 +271,11 @@ def resume_command(
                 "again at once). Submit the goal again with a larger budget or other settings "
                 "(--max-steps, or limits and loop in a --task-file)"
             )
-        chat_model = open_model_client(cli, model, base_url, device, dtype) if run else None
+        chat_model = None
+        if run:
+            chat_model = open_model_client(
+                cli, model, base_url, device, dtype, kv_cache_mib, max_model_len, rope_scaling
+            )
         asyncio.run(_resume(config, task_id))
         print(task_id, flush=True)  # before the notes on stderr, even when both go to one log
         if chat_model is None:

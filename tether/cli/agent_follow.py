@@ -50,14 +50,30 @@ async def follow(journal: Journal, task_id: str, printed: dict[int, int], poll_s
 
 
 def open_model_client(
-    cli: CliState, model: str | None, base_url: str | None, device: str, dtype: str
+    cli: CliState,
+    model: str | None,
+    base_url: str | None,
+    device: str,
+    dtype: str,
+    kv_cache_mib: int = 256,
+    max_model_len: int | None = None,
+    rope_scaling: str | None = None,
 ) -> ChatClient:
     """Loaded before the timeline starts, so whatever loading prints comes before it, not inside it."""
     if base_url is None and model is not None and not model.startswith("scripted:"):
         err_console.print(f"loading model {model} ...", highlight=False, soft_wrap=True)
     from tether.serving.engine_client import open_client
 
-    return open_client(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
+    return open_client(
+        model,
+        base_url,
+        cli.settings().cache_dir,
+        device=device,
+        dtype=dtype,
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+        rope_scaling=rope_scaling,
+    )
 
 
 def stopped_line(task: TaskRecord, steps: list[StepRecord]) -> str:

@@ -68,6 +68,27 @@ DeviceOption = Annotated[
 DTypeOption = Annotated[
     str, typer.Option("--dtype", help="The engine's weights and KV cache: float32, bfloat16 or float16.")
 ]
+KvCacheMibOption = Annotated[
+    int, typer.Option("--kv-cache-mib", help="Memory for the KV cache, in MiB.", min=1)
+]
+MaxModelLenOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-model-len",
+        min=1,
+        help="Longest sequence (prompt and output) the engine holds, in tokens, checked against the "
+        "model's context (with --rope-scaling) and --kv-cache-mib. Default: the least of the model's "
+        "context, 4096 and what the KV cache holds.",
+    ),
+]
+RopeScalingOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rope-scaling",
+        help="Run the model with this rope scaling instead of its config's, to extend its context: "
+        "TYPE:FACTOR (yarn:4, linear:2, dynamic:2) or a JSON object as in a config.json.",
+    ),
+]
 
 
 @contextmanager

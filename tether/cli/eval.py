@@ -23,6 +23,8 @@ from tether.chat import ChatClient
 from tether.cli.common import (
     DeviceOption,
     DTypeOption,
+    MaxModelLenOption,
+    RopeScalingOption,
     counted_lines,
     err_console,
     print_json,
@@ -46,14 +48,23 @@ def open_eval_client(
     device: str,
     dtype: str,
     kv_cache_mib: int,
+    max_model_len: int | None = None,
+    rope_scaling: str | None = None,
 ) -> ChatClient:
-    """The client `--model`/`--base-url` name; the in-process engine is built here only because
-    `open_client` takes no KV cache size."""
-    from tether.serving.engine_client import EngineClient, open_client
+    """The client `--model`/`--base-url` name (`open_client`)."""
+    from tether.serving.engine_client import open_client
 
-    if base_url is None and not model.startswith("scripted:"):
-        return EngineClient(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype)
-    return open_client(model, base_url, cache_dir, device=device, dtype=dtype, api_key=api_key)
+    return open_client(
+        model,
+        base_url,
+        cache_dir,
+        device=device,
+        dtype=dtype,
+        api_key=api_key,
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+        rope_scaling=rope_scaling,
+    )
 
 
 def summary_table(rows: list[DomainSummary], title: str) -> Table:
@@ -117,6 +128,8 @@ def eval_command(
     kv_cache_mib: Annotated[
         int, typer.Option("--kv-cache-mib", min=16, help="KV cache of the engine.")
     ] = 1024,
+    max_model_len: MaxModelLenOption = None,
+    rope_scaling: RopeScalingOption = None,
     out_dir: Annotated[
         Path, typer.Option("--out-dir", help="Where the JSONL and summary are written.")
     ] = Path("runs"),
@@ -125,10 +138,13 @@ def eval_command(
     """Run episodes through a model: per-domain mean reward, pass rate, tokens and sandbox time."""
     with user_errors():
         if base_url is None:  # before the environments and the model: a typo fails at once
+            from tether.models.config import RopeScaling
             from tether.models.precision import DType, resolve_device
 
             resolve_device(device, "--device")
             DType.parse(dtype, "--dtype")
+            if rope_scaling is not None:
+                RopeScaling.parse(rope_scaling)
         options = EvalSettings(max_tokens, temperature, seed, concurrency)
         settings = state(ctx).settings()
         registry = default_registry()
@@ -138,7 +154,17 @@ def eval_command(
         out_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         episodes_path = out_dir / f"eval-{stamp}-{os.getpid()}.jsonl"
-        client = open_eval_client(model, base_url, api_key, settings.cache_dir, device, dtype, kv_cache_mib)
+        client = open_eval_client(
+            model,
+            base_url,
+            api_key,
+            settings.cache_dir,
+            device,
+            dtype,
+            kv_cache_mib,
+            max_model_len,
+            rope_scaling,
+        )
         records = asyncio.run(_run(registry, plan, client, provider, options, episodes_path))
     rows = summarise(records)
     errors = [record for record in records if record.error is not None]

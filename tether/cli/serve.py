@@ -12,6 +12,9 @@ from tether.cli.common import (
     CacheDirOption,
     DeviceOption,
     DTypeOption,
+    KvCacheMibOption,
+    MaxModelLenOption,
+    RopeScalingOption,
     cache_root,
     err_console,
     user_errors,
@@ -30,7 +33,9 @@ def serve_command(
     ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.", min=1, max=65535)] = 8000,
-    kv_cache_mib: Annotated[int, typer.Option(help="Memory for the KV cache, in MiB.", min=1)] = 256,
+    kv_cache_mib: KvCacheMibOption = 256,
+    max_model_len: MaxModelLenOption = None,
+    rope_scaling: RopeScalingOption = None,
     max_num_seqs: Annotated[int, typer.Option(help="Most sequences decoding at once.", min=1)] = 64,
     max_num_batched_tokens: Annotated[
         int, typer.Option(help="Token budget of one engine step (prefill chunk size).", min=1)
@@ -43,12 +48,14 @@ def serve_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
+    from tether.models.config import RopeScaling
     from tether.models.loader import resolve
     from tether.models.precision import DType, resolve_device
     from tether.serving.launcher import listen, serve
 
     with user_errors():
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+        rope = None if rope_scaling is None else RopeScaling.parse(rope_scaling)
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
         with err_console.status(f"loading {model}") as status:
             folder = resolve(
@@ -65,6 +72,8 @@ def serve_command(
             host=host,
             port=port,
             kv_cache_mib=kv_cache_mib,
+            max_model_len=max_model_len,
+            rope_scaling=rope,
             device=where,
             dtype=kind.torch,
             model_name=name,

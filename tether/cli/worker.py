@@ -20,6 +20,9 @@ from tether.cli.common import (
     CliState,
     DeviceOption,
     DTypeOption,
+    KvCacheMibOption,
+    MaxModelLenOption,
+    RopeScalingOption,
     err_console,
     open_sandbox,
     state,
@@ -175,6 +178,9 @@ def worker_command(
     base_url: BaseUrlOption = None,
     device: DeviceOption = "auto",
     dtype: DTypeOption = "float32",
+    kv_cache_mib: KvCacheMibOption = 256,
+    max_model_len: MaxModelLenOption = None,
+    rope_scaling: RopeScalingOption = None,
     max_in_flight: Annotated[int, typer.Option("--max-in-flight", min=1, help="Tasks run at once.")] = 2,
     visibility_timeout_s: VisibilityOption = 30.0,
     lease_s: LeaseOption = 30.0,
@@ -199,7 +205,16 @@ def worker_command(
             cli, visibility_timeout_s, lease_s
         )
 
-        chat_model = open_client(model, base_url, cli.settings().cache_dir, device=device, dtype=dtype)
+        chat_model = open_client(
+            model,
+            base_url,
+            cli.settings().cache_dir,
+            device=device,
+            dtype=dtype,
+            kv_cache_mib=kv_cache_mib,
+            max_model_len=max_model_len,
+            rope_scaling=rope_scaling,
+        )
 
         async def main() -> int:
             stop = asyncio.Event()

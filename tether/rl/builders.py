@@ -39,6 +39,8 @@ def make_engine(config: TrainConfig, device: str) -> tuple[LLMEngine, PreTrained
         model_config.name,
         cache_dir=model_config.cache_dir,
         kv_cache_mib=model_config.kv_cache_mib,
+        max_model_len=model_config.max_model_len,
+        rope_scaling=model_config.rope(),
         device=resolve_device(device, "model.device"),
         dtype=model_config.dtype.torch,
         seed=config.run.seed,
@@ -82,11 +84,13 @@ def make_learner(config: TrainConfig, device: str, group: LearnerGroup | None = 
 
     model_config = config.model
     where = resolve_device(device, "model.device")
-    # float32 master weights whatever model.dtype says: the learner computes in model.dtype (autocast)
-    model, _, _ = load(model_config.name, model_config.cache_dir, device=where)
+    # float32 master weights whatever model.dtype says: the learner computes in model.dtype (autocast);
+    # the engine's rope scaling, or its logprobs would not be the learner's
+    rope = model_config.rope()
+    model, _, _ = load(model_config.name, model_config.cache_dir, device=where, rope_scaling=rope)
     reference = None
     if config.algorithm.kl_coef > 0:
-        reference, _, _ = load(model_config.name, model_config.cache_dir, device=where)
+        reference, _, _ = load(model_config.name, model_config.cache_dir, device=where, rope_scaling=rope)
     if config.learner.strategy is Strategy.FSDP:
         from tether.rl.sharded import ShardedLearner
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tether.models.config import RopeScaling, UnsupportedModelError
 from tether.models.memory_plan import Strategy
 from tether.models.precision import DEVICE_PATTERN, DType
 from tether.rl.advantages import AdvantageKind
@@ -122,6 +123,18 @@ class ModelSection(Section):
         "(the learner keeps float32 master weights).",
     )
     kv_cache_mib: int = Field(256, ge=1, description="Engine KV cache size, MiB.")
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="Longest sequence (prompt and output) the engine holds, in tokens, checked against the "
+        "model's context (with rope_scaling) and kv_cache_mib; unset: the least of the model's context, "
+        "4096 and what the KV cache holds.",
+    )
+    rope_scaling: str | None = Field(
+        None,
+        description="Rope scaling the engine and the learner run the model with instead of its config's: "
+        'TYPE:FACTOR ("yarn:4", "linear:2", "dynamic:2") or a JSON object as in a config.json.',
+    )
     lora: LoraSection | None = Field(
         None, description="LoRA adapters ([model.lora]); unset: full fine-tuning."
     )
@@ -131,6 +144,20 @@ class ModelSection(Section):
         "depend on the thread split and the learner recomputes the engine's logprobs exactly; it must "
         "be on before the process's first matmul. Off: a little faster, logprob gaps of ~3e-5.",
     )
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _rope_parses(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                RopeScaling.parse(text)
+            except UnsupportedModelError as error:
+                raise ValueError(f"model.rope_scaling = {text!r}: {error}") from None
+        return text
+
+    def rope(self) -> RopeScaling | None:
+        """`rope_scaling` parsed (checked on construction)."""
+        return None if self.rope_scaling is None else RopeScaling.parse(self.rope_scaling)
 
     @model_validator(mode="before")
     @classmethod

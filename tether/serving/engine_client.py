@@ -27,22 +27,34 @@ class EngineClient(OpenAIClient):
         kv_cache_mib: int = 256,
         device: str = "auto",
         dtype: str = "float32",
+        max_model_len: int | None = None,
+        rope_scaling: str | None = None,
     ) -> None:
-        """`device` and `dtype` as `tether.models.precision` spells them, checked before anything loads."""
+        """`device` and `dtype` as `tether.models.precision` spells them and `rope_scaling` as
+        `RopeScaling.parse` reads it, checked before anything loads; `max_model_len` as
+        `LLMEngine.from_pretrained` takes it."""
         from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
         from tether.engine.llm_engine import LLMEngine
         from tether.models import configure_threads
+        from tether.models.config import RopeScaling
         from tether.models.loader import resolve
         from tether.models.precision import DType, resolve_device
         from tether.serving.app import create_app
 
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+        rope = None if rope_scaling is None else RopeScaling.parse(rope_scaling)
         on_cpu = where.type == "cpu"
         if on_cpu:  # CPU threads matter only where the model computes on them
             configure_threads()
         folder = resolve(name, cache_dir)  # a registered name, a model folder or a run's checkpoint
         engine, tokenizer = LLMEngine.from_pretrained(
-            folder, kv_cache_mib=kv_cache_mib, device=where, dtype=kind.torch, adapt_threads=on_cpu
+            folder,
+            kv_cache_mib=kv_cache_mib,
+            device=where,
+            dtype=kind.torch,
+            adapt_threads=on_cpu,
+            max_model_len=max_model_len,
+            rope_scaling=rope,
         )
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
         app = create_app(self._engine, tokenizer, name)
@@ -62,10 +74,12 @@ def open_client(
     dtype: str = "float32",
     api_key: str | None = None,
     kv_cache_mib: int = 256,
+    max_model_len: int | None = None,
+    rope_scaling: str | None = None,
 ) -> ChatClient:
     """`scripted:FILE`, a server at `base_url` (`model` names what to ask it for), or an engine in process
-    on `device` in `dtype` (`tether.models.precision`) with `kv_cache_mib` of KV cache (the other two
-    ignore those)."""
+    on `device` in `dtype` (`tether.models.precision`) with `kv_cache_mib` of KV cache, sequences of up
+    to `max_model_len` and `rope_scaling` (`EngineClient`; the other two ignore those)."""
     if model and model.startswith("scripted:"):
         if base_url:
             raise ConfigError("--model scripted:FILE replays a file; do not also give --base-url")
@@ -74,4 +88,12 @@ def open_client(
         return OpenAIClient(base_url, model or "default", api_key=api_key)
     if not model:
         raise ConfigError("no model: give --model NAME, --model scripted:FILE or --base-url URL")
-    return EngineClient(model, cache_dir, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype)
+    return EngineClient(
+        model,
+        cache_dir,
+        kv_cache_mib=kv_cache_mib,
+        device=device,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        rope_scaling=rope_scaling,
+    )

@@ -14,6 +14,7 @@ import torch
 
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
 from tether.errors import ConfigError
+from tether.models.config import RopeScaling
 from tether.serving.app import create_app
 
 
@@ -40,6 +41,8 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     kv_cache_mib: int = 256,
+    max_model_len: int | None = None,
+    rope_scaling: RopeScaling | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     model_name: str | None = None,
@@ -49,7 +52,8 @@ def serve(
     **engine_options: Any,
 ) -> None:
     """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
-    registered name) on `device` in `dtype`, then serve it with uvicorn until interrupted."""
+    registered name) on `device` in `dtype` (with `rope_scaling` instead of its own, holding sequences of
+    `max_model_len`: `LLMEngine.from_pretrained`), then serve it with uvicorn until interrupted."""
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
@@ -61,7 +65,13 @@ def serve(
             configure_threads()
             engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
         engine, tokenizer = LLMEngine.from_pretrained(
-            model, kv_cache_mib=kv_cache_mib, device=device, dtype=dtype, **engine_options
+            model,
+            kv_cache_mib=kv_cache_mib,
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            rope_scaling=rope_scaling,
+            **engine_options,
         )
         async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
         app = create_app(async_engine, tokenizer, model_name or Path(model).name)
