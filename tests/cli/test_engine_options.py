@@ -5,7 +5,9 @@ the engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -97,3 +99,21 @@ def test_max_model_len_and_rope_scaling_reach_the_engine(
     assert given["max_model_len"] == 32768
     assert given["rope_scaling"] == RopeScaling(rope_type="yarn", factor=4.0)
     assert given["kv_cache_mib"] == 64 or command == "serve"
+
+
+def test_serve_passes_the_block_wise_attention_settings_to_the_engine(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tether.serving.launcher as launcher
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(launcher, "listen", lambda host, port: None)
+    monkeypatch.setattr(launcher, "serve", lambda folder, **options: seen.update(options))
+    arguments = ["serve", "--model", str(tiny_model("llama"))]
+    result = runner.invoke(
+        app, [*arguments, "--attention-block-tokens", "256", "--blockwise-min-context", "8192"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (seen["attention_block_tokens"], seen["blockwise_min_context"]) == (256, 8192)
+    result = runner.invoke(app, [*arguments, "--attention-block-tokens", "-1"])
+    assert result.exit_code == 2 and "--attention-block-tokens" in result.output

@@ -20,6 +20,8 @@ def test_defaults() -> None:
     assert config.max_blocks_per_seq == 128
     assert config.lanes == 1
     assert config.adapt_threads is False
+    assert (config.attention_block_tokens, config.blockwise_min_context) == (512, 4096)
+    assert EngineConfig(num_blocks=128, attention_block_tokens=0).attention_block_tokens == 0
 
 
 def test_preemption_mode_accepts_its_string_value() -> None:
@@ -51,7 +53,10 @@ def test_config_is_frozen() -> None:
         ({"kv_host_tier_mib": -1}, "kv_host_tier_mib = -1: expected an integer of at least 0"),
         ({"kv_disk_tier_mib": 1.5}, "kv_disk_tier_mib = 1.5: expected an integer"),
         ({"kv_disk_tier_dir": ""}, "kv_disk_tier_dir = '': expected a folder path or None"),
-        ({"kv_disk_tier_dir": "/tmp/kv", "kv_disk_tier_mib": 0}, "kv_disk_tier_mib = 0 with kv_disk_tier_dir"),
+        (
+            {"kv_disk_tier_dir": "/tmp/kv", "kv_disk_tier_mib": 0},
+            "kv_disk_tier_mib = 0 with kv_disk_tier_dir",
+        ),
         (
             {"kv_host_tier_mib": 8, "enable_prefix_caching": False},
             "keep evicted prefix-cache blocks: expected enable_prefix_caching = true",
@@ -59,6 +64,10 @@ def test_config_is_frozen() -> None:
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens = 32: expected at"),
         ({"num_blocks": 127}, "num_blocks = 127: expected at least 128"),
         ({"num_blocks": 4, "block_size": 4, "max_model_len": 17}, "num_blocks = 4: expected at least 5"),
+        ({"attention_block_tokens": 24}, "attention_block_tokens = 24: expected 0 (off: the full score"),
+        ({"attention_block_tokens": -16}, "positive multiple of block_size (16)"),
+        ({"attention_block_tokens": 1.5}, "attention_block_tokens = 1.5"),
+        ({"blockwise_min_context": 0}, "blockwise_min_context = 0: expected an integer of at least 1"),
     ],
 )
 def test_bad_values_are_rejected_with_the_field_and_what_is_accepted(

@@ -40,6 +40,22 @@ def serve_command(
     max_num_batched_tokens: Annotated[
         int, typer.Option(help="Token budget of one engine step (prefill chunk size).", min=1)
     ] = 512,
+    attention_block_tokens: Annotated[
+        int,
+        typer.Option(
+            help="Tokens per tile of the block-wise attention of prompt chunks whose context reaches "
+            "--blockwise-min-context (a multiple of the 16-token KV block); 0: their full score matrix.",
+            min=0,
+        ),
+    ] = 512,
+    blockwise_min_context: Annotated[
+        int,
+        typer.Option(
+            help="Context (tokens) from which prompt chunks attend block-wise; shorter ones keep the exact "
+            "per-row kernel.",
+            min=1,
+        ),
+    ] = 4096,
     max_pending_requests: Annotated[
         int, typer.Option(help="Unfinished requests accepted before new ones get HTTP 503.", min=1)
     ] = 1024,
@@ -80,5 +96,7 @@ def serve_command(
             max_pending_requests=max_pending_requests,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            attention_block_tokens=attention_block_tokens,
+            blockwise_min_context=blockwise_min_context,
             listener=listener,
         )

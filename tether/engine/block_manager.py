@@ -15,6 +15,10 @@ Lower tiers (`kv_tiers.py`): with `record_evictions` on, every cached block evic
 reported (`take_evicted`) so its KV can be copied out before the block is written again, so is every
 block that enters the cache from a computation (`take_newly_cached`, for a write-through disk tier), and
 blocks brought back from a lower tier re-enter the cache through `import_cached_blocks`.
+
+Sliding windows: when every layer of the model slides, `release_behind_window` gives back the blocks wholly
+before the window of a sequence's next token. Its table keeps its positional layout (block i holds
+positions i * block_size ..): a released entry becomes `NO_BLOCK`, which attention never reads.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from dataclasses import dataclass
 from tether.block_hash import BlockHash, hash_block
 from tether.engine.config import EngineConfig
 from tether.engine.sequence import Sequence
+
+NO_BLOCK = -1
+"""A block-table entry whose block was released because it fell behind the sliding window."""
 
 BlockCopy = tuple[int, int]
 """(source block id, destination block id): copy the source's KV into the destination before the step."""
@@ -63,6 +70,8 @@ class BlockManagerStats:
     """Tokens of sequences looked up in the prefix cache when they were (re)admitted."""
     prefix_cache_hits: int
     """Of those, tokens whose KV was found."""
+    window_released_blocks: int = 0
+    """Blocks given back because they fell wholly behind every layer's sliding window."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -102,6 +111,7 @@ class BlockManager:
         their KV."""
         self._evicted: list[CachedBlock] = []
         self._newly_cached: list[CachedBlock] = []
+        self._window_released = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> BlockManager:
@@ -130,6 +140,7 @@ class BlockManager:
             num_cached_blocks=len(self._cached),
             prefix_cache_queries=self._queries,
             prefix_cache_hits=self._hits,
+            window_released_blocks=self._window_released,
         )
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
@@ -210,6 +221,8 @@ class BlockManager:
         start = self._num_offered.get(seq.seq_id, 0)
         hashes = self._block_hashes(seq, num_full)
         for i in range(start, num_full):
+            if seq.block_table[i] == NO_BLOCK:
+                continue
             block = self._blocks[seq.block_table[i]]
             if block.hash is None and hashes[i] not in self._cached:
                 block.hash = hashes[i]
@@ -236,11 +249,27 @@ class BlockManager:
         if seq.seq_id in self._num_offered:
             self._num_offered[seq.seq_id] = min(self._num_offered[seq.seq_id], num_full)
 
+    def release_behind_window(self, seq: Sequence, window: int) -> int:
+        """Give back `seq`'s blocks that hold only positions before `num_computed_tokens - window + 1`, the
+        first its next token sees through a `window`-token sliding window (later tokens, and a rollback of
+        drafts, which never goes below the last chunk's start, see no earlier ones). Cached blocks stay
+        findable. Returns how many were released."""
+        behind = max(0, seq.num_computed_tokens - window + 1) // self.block_size
+        released = 0
+        for i in range(min(behind, len(seq.block_table))):
+            if seq.block_table[i] != NO_BLOCK:
+                self._unref(seq.block_table[i])
+                seq.block_table[i] = NO_BLOCK
+                released += 1
+        self._window_released += released
+        return released
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let `child` share all of `parent`'s blocks (a later write to a shared block copies it)."""
         assert not child.block_table, "the child of a fork holds no blocks yet"
         for block_id in parent.block_table:
-            self._ref(block_id)
+            if block_id != NO_BLOCK:
+                self._ref(block_id)
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
         if parent.seq_id in self._hashes:
@@ -251,7 +280,8 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks; cached ones stay findable. Last blocks first, so they are evicted first."""
         for block_id in reversed(seq.block_table):
-            self._unref(block_id)
+            if block_id != NO_BLOCK:
+                self._unref(block_id)
         seq.block_table = []
         self._hashes.pop(seq.seq_id, None)
         self._num_offered.pop(seq.seq_id, None)

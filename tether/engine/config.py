@@ -55,6 +55,15 @@ class EngineConfig:
     """Follow the cores free while stepping (`tether.models.governor`): one torch thread fewer when ours
     wait for a CPU, one more when a core stands idle. For an engine that owns the process's threads (a
     server); a benchmark or a trainer that splits threads itself leaves it off."""
+    attention_block_tokens: int = 512
+    """Query and KV tokens per tile of the block-wise (online-softmax) attention of a chunk whose context
+    reaches `blockwise_min_context` (`tether.kernels.blockwise`): memory per layer is one tile's scores,
+    whatever the context. A multiple of `block_size`; 0: such a chunk's whole [heads, Q, K] score matrix
+    at once (the baseline the long-context bench compares with)."""
+    blockwise_min_context: int = 4096
+    """Chunks whose context (cached and new tokens) reaches this many tokens attend block-wise (or by the
+    full matrix when `attention_block_tokens` is 0); shorter ones keep the per-row C kernel on CPU float32,
+    whose logprobs the learner's dense forward reproduces bit for bit, or SDPA elsewhere."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -64,10 +73,17 @@ class EngineConfig:
             "max_num_batched_tokens",
             "max_model_len",
             "lanes",
+            "blockwise_min_context",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine: {name} = {value!r}: expected an integer of at least 1")
+        tile = self.attention_block_tokens
+        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 0 or tile % self.block_size:
+            raise ConfigError(
+                f"engine: attention_block_tokens = {tile!r}: expected 0 (off: the full score matrix) or a "
+                f"positive multiple of block_size ({self.block_size})"
+            )
         if not isinstance(self.adapt_threads, bool):
             raise ConfigError(f"engine: adapt_threads = {self.adapt_threads!r}: expected true or false")
         if not isinstance(self.enable_prefix_caching, bool):

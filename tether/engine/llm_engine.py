@@ -52,6 +52,7 @@ from tether.engine.weight_update import (
     parameter_shapes,
 )
 from tether.errors import ConfigError
+from tether.kernels.blockwise import LongChunkAttention
 from tether.models import load
 from tether.models.config import RopeScaling
 from tether.models.governor import ThreadGovernor
@@ -90,8 +91,12 @@ class LLMEngine:
         )
         """Host and disk KV tiers under the device cache, when the config asks for any."""
         self.scheduler = Scheduler(
-            config, self.block_manager, None if self.tiers is None else self.tiers.choose_preemption
+            config,
+            self.block_manager,
+            None if self.tiers is None else self.tiers.choose_preemption,
+            kv_window=runner.config.kv_window,
         )
+        runner.long_chunks = LongChunkAttention(config.attention_block_tokens, config.blockwise_min_context)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.detokenize = detokenize
         self.policy_version = 0

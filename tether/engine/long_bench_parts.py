@@ -37,7 +37,6 @@ from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
-from tether.kernels.blockwise import LongChunkAttention
 from tether.models.config import ModelConfig, RopeScaling, UnsupportedModelError
 from tether.models.loader import load_tokenizer
 from tether.models.quantize import REFERENCE_TEXT
@@ -170,12 +169,11 @@ class Setup:
             rope_scaling=RopeScaling.parse(self.config.rope_scaling),
             max_model_len=self.config.max_context,
             max_num_batched_tokens=self.config.chunk_tokens,
+            attention_block_tokens=block_tokens,
             kv_host_tier_mib=self.host_tier_mib,
             kv_disk_tier_dir=str(self.workdir / disk),
             kv_disk_tier_mib=self.disk_tier_mib,
         )
-        # TODO(i19-attention): EngineConfig.attention_block_tokens (CONTRACT.md) once it lands.
-        engine.runner.long_chunks = LongChunkAttention(block_tokens=block_tokens)
         return engine
 
     def prompt(self, tokens: int, question: int) -> list[int]:

@@ -19,6 +19,11 @@ ahead of it. One exception: a waiting sequence whose next uncached prompt block 
 running prefill is deferred (skipped, not blocking) until that block reaches the prefix cache, so
 requests arriving together with a shared system prompt compute it once instead of once each.
 
+Sliding windows. Built with `kv_window` (every layer of the model slides, the largest window), the
+scheduler gives back, after each step, the blocks of a running sequence that fell wholly behind the window
+of its next token (`BlockManager.release_behind_window`): a long sequence then holds about window /
+block_size blocks however long it grows.
+
 Weight updates. `recompute_all()` drops every running sequence's KV between steps, as a preemption of
 all of them: after new weights arrive, old KV must not be attended to.
 
@@ -140,11 +145,14 @@ class Scheduler:
         config: EngineConfig,
         block_manager: BlockManager | None = None,
         choose_preemption: PreemptionChooser | None = None,
+        kv_window: int | None = None,
     ) -> None:
         if config.preemption is not PreemptionMode.RECOMPUTE and choose_preemption is None:
             raise ValueError(f"preemption_mode {config.preemption.value!r} needs a choose_preemption")
         self.config = config
         self._choose_preemption = choose_preemption
+        self.kv_window = kv_window
+        """Tokens behind its next token a sequence's KV must keep (None: all): `ModelConfig.kv_window`."""
         self.block_manager = block_manager if block_manager is not None else BlockManager.from_config(config)
         assert self.block_manager.block_size == config.block_size
         self._seqs: dict[int, Sequence] = {}
@@ -341,6 +349,8 @@ class Scheduler:
             seq = self._seqs.get(chunk.seq_id)
             if seq is not None and seq.status is SequenceStatus.RUNNING:
                 self.block_manager.cache_full_blocks(seq)
+                if self.kv_window is not None:
+                    self.block_manager.release_behind_window(seq, self.kv_window)
         self._may_sample.clear()
         done = []
         for seq_id, reason in to_finish.items():

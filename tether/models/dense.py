@@ -159,32 +159,43 @@ class DenseBatch:
             self.columns,
         )
 
-    def attention_blocks(self) -> tuple[AttentionBlock, ...]:
+    def attention_blocks(self, window: int | None = None) -> tuple[AttentionBlock, ...]:
         """The documents in at most two attention calls: those without a context (prompts, unshared
         sequences), then those with one (a prompt's samples, over its keys and their own). Each call is
         padded only to its own longest document, so attention holds about the sum over documents of
-        queries x keys, where one mask over a row held the row's length squared."""
+        queries x keys, where one mask over a row held the row's length squared.
+
+        With a sliding `window` shorter than a document and its context, the documents are cut instead
+        into tiles of `window` queries, each over the at most 2 * window - 1 keys its queries see: memory
+        grows with the tokens times the window, never with a document's length squared."""
         width, device = self.input_ids.shape[1], self.input_ids.device
+        if window is not None and window < max(d.context_length + d.length for d in self.documents):
+            return (_windowed_block(self.documents, width, window, device),)
         plain = [d for d in self.documents if not d.context_length]
         shared = [d for d in self.documents if d.context_length]
         return tuple(_block(group, width, device) for group in (plain, shared) if group)
 
-    def key_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def key_tables(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys of every token, in order, as flat token indices: (LongTensor[R*T, L], lengths
-        LongTensor[R*T]): its document's context, then its own document up to itself (padding: itself)."""
+        LongTensor[R*T]): its document's context, then its own document up to itself (padding: itself);
+        with a sliding `window`, only the last `window` of those (L is then at most the window)."""
         rows, width = self.input_ids.shape
         lengths = torch.ones(rows * width, dtype=torch.long)
         longest = max(d.context_length + d.length for d in self.documents)
-        keys = torch.arange(rows * width, dtype=torch.long)[:, None].repeat(1, longest)
+        span = longest if window is None else min(longest, window)
+        keys = torch.arange(rows * width, dtype=torch.long)[:, None].repeat(1, span)
         for d in self.documents:
             base = d.row * width
             own = torch.arange(d.length)
             seen = torch.cat((torch.arange(d.context_length) + base + d.context_start, own + base + d.start))
-            j = torch.arange(d.context_length + d.length)
-            visible = j[None, :] < d.context_length + own[:, None] + 1
+            position = d.context_length + own  # of each own token in the sequence: seen[position] is itself
+            first = torch.zeros_like(position) if window is None else (position - window + 1).clamp(min=0)
+            index = first[:, None] + torch.arange(span)[None, :]
+            visible = index <= position[:, None]
             tokens = base + d.start + own
-            keys[tokens, : len(seen)] = torch.where(visible, seen[None, :], tokens[:, None])
-            lengths[tokens] = d.context_length + own + 1
+            picked = seen[index.clamp(max=len(seen) - 1)]
+            keys[tokens] = torch.where(visible, picked, tokens[:, None])
+            lengths[tokens] = position - first + 1
         device = self.input_ids.device
         return keys.to(device), lengths.to(device)
 
@@ -220,6 +231,56 @@ def _block(documents: list[Document], width: int, device: torch.device) -> Atten
         mask = torch.where(valid[:, :, None], sees, j[:, None, :] == 0)[:, None].to(device)
     slots = valid.reshape(-1).nonzero()[:, 0]
     return AttentionBlock(queries.to(device), keys.to(device), mask, slots.to(device))
+
+
+def _windowed_block(
+    documents: Sequence[Document], width: int, window: int, device: torch.device
+) -> AttentionBlock:
+    """Every document cut into tiles of `window` queries; tile b's keys are the context and own tokens
+    its queries see (positions first - window + 1 .. last), masked causally and by the window."""
+    queries: list[torch.Tensor] = []
+    keys: list[torch.Tensor] = []
+    query_pos: list[torch.Tensor] = []
+    key_pos: list[torch.Tensor] = []
+    for d in documents:
+        base = d.row * width
+        seen = torch.cat(
+            (torch.arange(d.context_length) + base + d.context_start, torch.arange(d.length) + base + d.start)
+        )
+        for first in range(d.context_length, d.context_length + d.length, window):
+            last = min(first + window, d.context_length + d.length)  # one past the tile's last query
+            lowest = max(0, first - window + 1)
+            queries.append(seen[first:last])
+            keys.append(seen[lowest:last])
+            query_pos.append(torch.arange(first, last))
+            key_pos.append(torch.arange(lowest, last))
+    longest_q, longest_k = max(len(q) for q in queries), max(len(k) for k in keys)
+
+    q_pos, k_pos = _pad_rows(query_pos, longest_q, -1), _pad_rows(key_pos, longest_k, -1)
+    valid = q_pos >= 0
+    sees = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
+    sees &= k_pos[:, None, :] > q_pos[:, :, None] - window
+    slot = torch.arange(longest_k)
+    mask = torch.where(valid[:, :, None], sees, slot[None, None, :] == 0)
+    slots = valid.reshape(-1).nonzero()[:, 0]
+    return AttentionBlock(
+        _pad_rows(queries, longest_q, None).to(device),
+        _pad_rows(keys, longest_k, None).to(device),
+        mask[:, None].to(device),
+        slots.to(device),
+    )
+
+
+def _pad_rows(rows: list[torch.Tensor], size: int, fill: int | None) -> torch.Tensor:
+    """1-d rows stacked, right-padded to `size` with `fill` (None: each row's first entry)."""
+    return torch.stack(
+        [
+            torch.cat(
+                (r, r[:1].repeat(size - len(r)) if fill is None else r.new_full((size - len(r),), fill))
+            )
+            for r in rows
+        ]
+    )
 
 
 def _check(sequences: list[list[int]]) -> None:
@@ -321,11 +382,14 @@ def hidden_states(model: CausalLM, batch: DenseBatch) -> torch.Tensor:
     decoder = model.model
     x = decoder.embed_tokens(batch.input_ids)
     cos_sin = decoder.rotary.cos_sin(batch.positions.reshape(-1))
-    blocks = batch.attention_blocks()
-    tables = batch.key_tables() if x.device.type == "cpu" else None
+    windows = set(model.config.layer_windows)
+    blocks = {window: batch.attention_blocks(window) for window in windows}
+    tables = {window: batch.key_tables(window) for window in windows} if x.device.type == "cpu" else None
     for layer in decoder.layers:
         assert isinstance(layer, DecoderLayer)
-        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, blocks, tables)
+        window = layer.self_attn.window
+        layer_tables = None if tables is None else tables[window]
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos_sin, blocks[window], layer_tables)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     out: torch.Tensor = decoder.norm(x)
     return out

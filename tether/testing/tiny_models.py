@@ -1,4 +1,4 @@
-"""Tiny random Llama/Qwen2/Qwen3 checkpoints, saved as Hugging Face folders, built locally in a second.
+"""Tiny random Llama/Qwen2/Qwen3/Mistral checkpoints, saved as Hugging Face folders, built in a second.
 
 Two layers, hidden size 64, grouped-query attention, seeded weights, and a byte-level tokenizer with a
 chat template: enough for transformers and our loader to load the same model and compare outputs.
@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+TINY_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen2-window")
+TINY_WINDOW = 24
+"""The sliding window of the windowed tiny models: every layer of `mistral`, the second of `qwen2-window`
+(its `max_window_layers` is 1)."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -22,7 +25,7 @@ CHAT_TEMPLATE = (
 
 
 def _config(architecture: str, vocab_size: int, eos_token_id: int) -> Any:
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
@@ -50,6 +53,16 @@ def _config(architecture: str, vocab_size: int, eos_token_id: int) -> Any:
         return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope)
     if architecture == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=False, rope_parameters={"rope_theta": 10000.0})
+    if architecture == "mistral":
+        return MistralConfig(**common, sliding_window=TINY_WINDOW, rope_parameters={"rope_theta": 10000.0})
+    if architecture == "qwen2-window":
+        return Qwen2Config(
+            **common,
+            use_sliding_window=True,
+            sliding_window=TINY_WINDOW,
+            max_window_layers=1,
+            rope_parameters={"rope_theta": 10000.0},
+        )
     if architecture == "qwen3":
         return Qwen3Config(
             **common, head_dim=32, tie_word_embeddings=False, rope_parameters={"rope_theta": 1000000.0}
