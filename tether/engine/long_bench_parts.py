@@ -145,8 +145,9 @@ class Setup:
 
     @classmethod
     def plan(cls, config: LongBenchConfig, folder: Path, workdir: Path) -> Setup:
-        """The cache holds one `max_context` sequence; the host tier the prompt's KV and a quarter; the
-        disk tier (written through) everything the tiers part computes, with room to spare."""
+        """The cache holds one `max_context` sequence. The host tier holds the cache and a tenth: all the
+        filler pushes out of the device (the prefix among it), so none of it moves on to the disk tier. The
+        disk tier (written through) holds everything the tiers part computes, with room to spare."""
         per_token = kv_bytes_per_token(ModelConfig.from_folder(folder), torch.float32)
         cache_tokens = config.max_context + config.decode_tokens + ROOM_TOKENS
         return cls(
@@ -155,7 +156,7 @@ class Setup:
             workdir=workdir,
             kv_bytes_per_token=per_token,
             kv_cache_mib=math.ceil(cache_tokens * per_token / MIB),
-            host_tier_mib=math.ceil(config.prompt_tokens * 5 // 4 * per_token / MIB),
+            host_tier_mib=math.ceil(cache_tokens * 11 // 10 * per_token / MIB),
             disk_tier_mib=math.ceil(3 * cache_tokens * per_token / MIB) + 1,
         )
 
