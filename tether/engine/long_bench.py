@@ -67,6 +67,7 @@ def run_part(part: Part, setup: Setup, say: Progress) -> Figures:
     process = context.Process(
         target=_part_main, args=(part, setup, messages), name=f"long-bench-{part.value}"
     )
+    started = time.perf_counter()
     process.start()
     try:
         while True:
@@ -82,8 +83,9 @@ def run_part(part: Part, setup: Setup, say: Progress) -> Figures:
             if kind == "progress":
                 say(f"{part.value}: {payload}")
             elif kind == "result":
-                say(f"{part.value}: done: {summary(payload)}")
-                return dict(payload)
+                figures = dict(payload) | {"part_s": time.perf_counter() - started}
+                say(f"{part.value}: done: {summary(figures)}")
+                return figures
             elif kind == "user-error":
                 raise payload
             else:
@@ -127,6 +129,7 @@ def run_long_bench(config: LongBenchConfig, progress: Progress | None = None) ->
     loads = {"at the start": load_start}
     loads |= {f"after {part.value}": result["load_average_end"] for part, result in results.items()}
     figures["warnings"] = busy_warnings(config.threads, loads) + goal_warnings(config, figures)
+    figures["part_s"] = {part.value: result["part_s"] for part, result in results.items()}
     figures["machine"] = machine_info(config.threads, load_start, load_average())
     figures["duration_s"] = time.perf_counter() - started
     return figures
