@@ -53,7 +53,10 @@ def test_config_is_frozen() -> None:
         ({"kv_host_tier_mib": -1}, "kv_host_tier_mib = -1: expected an integer of at least 0"),
         ({"kv_disk_tier_mib": 1.5}, "kv_disk_tier_mib = 1.5: expected an integer"),
         ({"kv_disk_tier_dir": ""}, "kv_disk_tier_dir = '': expected a folder path or None"),
-        ({"kv_disk_tier_dir": "/tmp/kv", "kv_disk_tier_mib": 0}, "kv_disk_tier_mib = 0 with kv_disk_"),
+        (
+            {"kv_disk_tier_dir": "/tmp/kv", "kv_disk_tier_mib": 0},
+            "kv_disk_tier_mib = 0 with kv_disk_tier_dir",
+        ),
         (
             {"kv_disk_tier_dir": "/tmp/kv", "enable_prefix_caching": False},
             "keeps evicted prefix-cache blocks: expected enable_prefix_caching = true",

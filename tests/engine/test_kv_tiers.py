@@ -237,7 +237,9 @@ def test_swapping_preemption_loses_no_request_and_keeps_the_output(tiny_path: Pa
 def test_a_host_tier_too_small_for_one_block_is_refused(tiny_path: Path) -> None:
     model, _, _ = load(tiny_path)
     runner = ModelRunner(model, num_blocks=16, block_size=2048)  # 2 MiB blocks
-    config = EngineConfig(num_blocks=16, block_size=2048, max_model_len=64, kv_host_tier_mib=1)
+    config = EngineConfig(
+        num_blocks=16, block_size=2048, max_model_len=64, kv_host_tier_mib=1, attention_block_tokens=2048
+    )  # attention tiles are whole blocks
     with pytest.raises(ConfigError, match="kv_host_tier_mib = 1 holds no KV block"):
         LLMEngine(runner, config)
 

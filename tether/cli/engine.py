@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -66,6 +68,26 @@ def bench_command(
     schema_max_tokens: Annotated[
         int, typer.Option("--schema-max-tokens", help="Output budget per schema (--structured).")
     ] = 512,
+    long: Annotated[
+        bool,
+        typer.Option(
+            "--long",
+            help="Measure long context instead: YaRN context, block-wise prefill attention against full, "
+            "TTFT from the host and disk KV tiers against recomputing, decode speed by context.",
+        ),
+    ] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Also prefill and decode a max-context prompt (--long; slow).")
+    ] = False,
+    max_context: Annotated[
+        int, typer.Option("--max-context", help="max_model_len of the engines (--long).")
+    ] = 32768,
+    long_prompt_tokens: Annotated[
+        int, typer.Option("--long-prompt-tokens", help="The long prompt's shared prefix (--long).")
+    ] = 16384,
+    rope_scaling: Annotated[
+        str, typer.Option("--rope-scaling", help="RoPE scaling of the engines, e.g. yarn:4 (--long).")
+    ] = "yarn:4",
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
@@ -75,7 +97,26 @@ def bench_command(
     ] = False,
 ) -> None:
     """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process;
-    with --structured, JSON-schema validity and the constrained decoding overhead instead."""
+    with --structured, JSON-schema validity and the constrained decoding overhead instead; with --long,
+    long-context figures instead (one process per part)."""
+    if long:
+        with user_errors():
+            from tether.engine.long_bench import LongBenchConfig, run_long_bench
+
+            long_config = LongBenchConfig(
+                model=model,
+                cache_dir=cache_root(ctx, cache_dir),
+                rope_scaling=rope_scaling,
+                max_context=max_context,
+                prompt_tokens=long_prompt_tokens,
+                full=full,
+                threads=threads,
+                seed=seed,
+            )
+            with progress_lines() as report:
+                result = run_long_bench(long_config, report)
+        _show(result, f"engine bench --long: {model}", out, as_json)
+        return
     if structured:
         with user_errors():
             from tether.engine.structured_bench import StructuredBenchConfig, run_structured_bench
@@ -89,13 +130,8 @@ def bench_command(
                 seed=seed,
                 threads=threads,
             )
-            if err_console.is_terminal:
-                with phases() as report:
-                    result = run_structured_bench(structured_config, report)
-            else:  # a log shows plain lines as they happen
-                result = run_structured_bench(
-                    structured_config, lambda line: err_console.print(line, highlight=False)
-                )
+            with progress_lines() as report:
+                result = run_structured_bench(structured_config, report)
         _show(result, f"engine bench --structured: {model}", out, as_json)
         return
     with user_errors():
@@ -120,6 +156,26 @@ def bench_command(
     _show(result, f"engine bench: {model}", out, as_json)
 
 
+@contextmanager
+def progress_lines() -> Iterator[Callable[[str], None]]:
+    """A spinner naming the phase on a terminal; otherwise plain stderr lines, which a log shows as they
+    happen."""
+    if err_console.is_terminal:
+        with phases() as report:
+            yield report
+    else:
+        yield lambda line: err_console.print(line, highlight=False)
+
+
+def _rows(result: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(figure, value) rows, a nested dict's entries as `key.inner`."""
+    for key, value in result.items():
+        if isinstance(value, dict):
+            yield from _rows(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 def _show(result: dict[str, Any], title: str, out: Path | None, as_json: bool) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +186,6 @@ def _show(result: dict[str, Any], title: str, out: Path | None, as_json: bool) -
     table = Table(title=title)
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right")
-    for key, value in result.items():
+    for key, value in _rows(result):
         table.add_row(key, _format(value))
     console.print(table)

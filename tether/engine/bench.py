@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn.functional as F
 
+from tether.engine.bench_machine import bench_threads
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
@@ -30,7 +31,6 @@ from tether.engine.speculative import SpeculativeConfig, SpeculativeMode, Specul
 from tether.errors import ConfigError
 from tether.models.loader import resolve
 from tether.models.quantize import REFERENCE_TEXT, quantize_int8
-from tether.models.threads import configure_threads
 from tether.models.transformer import CausalLM
 
 if TYPE_CHECKING:
@@ -335,11 +335,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     """Run every measurement; returns one flat JSON-ready dict of medians and the workload's shape."""
     say = progress or (lambda _message: None)
     started = time.perf_counter()
-    if config.threads is None:
-        threads = configure_threads()
-    else:
-        threads = config.threads
-        torch.set_num_threads(threads)
+    threads = bench_threads(config.threads)
     folder = resolve(config.model, config.cache_dir)
     say("loading models")
     engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=config.kv_cache_mib, seed=config.seed)

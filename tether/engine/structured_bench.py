@@ -14,7 +14,6 @@ The benchmark measures; it prints nothing.
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import time
@@ -24,15 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
-import torch
 
+from tether.engine.bench_machine import bench_threads, load_average
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.engine.structured import StructuredOutput
 from tether.errors import ConfigError
 from tether.models.loader import resolve
-from tether.models.threads import configure_threads
 from tether.testing.schemas import random_schema
 
 if TYPE_CHECKING:
@@ -105,12 +103,8 @@ def run_structured_bench(config: StructuredBenchConfig, progress: Progress | Non
     """Validity and overhead figures as one flat JSON-ready dict."""
     say = progress or (lambda _message: None)
     started = time.perf_counter()
-    load_start = os.getloadavg()[0]
-    if config.threads is None:
-        threads = configure_threads()
-    else:
-        threads = config.threads
-        torch.set_num_threads(threads)
+    load_start = load_average()
+    threads = bench_threads(config.threads)
     say("loading the model")
     engine, tokenizer = LLMEngine.from_pretrained(
         resolve(config.model, config.cache_dir), kv_cache_mib=config.kv_cache_mib, seed=config.seed
@@ -171,6 +165,6 @@ def run_structured_bench(config: StructuredBenchConfig, progress: Progress | Non
         "group": config.group,
         "threads": threads,
         "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
+        "load_average_end": load_average(),
         "seconds": time.perf_counter() - started,
     }

@@ -281,6 +281,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
         object.__setattr__(self, "rope_scaling", self.rope_scaling.resolved(self.max_position_embeddings))
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * self.num_layers)
+        assert len(self.layer_windows) == self.num_layers, "one window (or None) per layer"
+        assert all(w is None or w >= 1 for w in self.layer_windows), "windows are at least one token"
 
     @property
     def context_limit(self) -> int:
@@ -296,10 +300,6 @@ class ModelConfig:
     def with_rope_scaling(self, scaling: RopeScaling) -> ModelConfig:
         """This model run with `scaling` instead of its config's (an explicit `--rope-scaling`)."""
         return replace(self, rope_scaling=scaling)
-        if not self.layer_windows:
-            object.__setattr__(self, "layer_windows", (None,) * self.num_layers)
-        assert len(self.layer_windows) == self.num_layers, "one window (or None) per layer"
-        assert all(w is None or w >= 1 for w in self.layer_windows), "windows are at least one token"
 
     @property
     def sliding_window(self) -> int | None:
