@@ -17,7 +17,7 @@ from tether.engine.kv_tiers import KVTiers
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner
 from tether.engine.sampling import SamplingParams
-from tether.engine.scheduler import SchedulerOutput, SwapIn, SwapOut
+from tether.engine.scheduler_output import SchedulerOutput, SwapIn, SwapOut
 from tether.engine.sequence import Sequence
 from tether.engine.swap_cost import RateMeter
 from tether.errors import ConfigError

@@ -3,7 +3,8 @@
 from tether.block_hash import hash_block
 from tether.engine.block_manager import BlockCopy, BlockManager, BlockManagerStats, slot_mapping
 from tether.engine.config import EngineConfig, PreemptionMode
-from tether.engine.scheduler import RequestError, ScheduledChunk, Scheduler, SchedulerOutput
+from tether.engine.scheduler import RequestError, Scheduler
+from tether.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from tether.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = [

@@ -30,7 +30,8 @@ from tether.engine.block_manager import BlockManager, CachedBlock
 from tether.engine.config import EngineConfig, PreemptionMode
 from tether.engine.kv_disk import DiskBlockStore, model_fingerprint
 from tether.engine.kv_host import BlockKey, HostBlockPool
-from tether.engine.scheduler import Scheduler, SchedulerOutput
+from tether.engine.scheduler import Scheduler
+from tether.engine.scheduler_output import SchedulerOutput
 from tether.engine.sequence import Sequence, SequenceStatus
 from tether.engine.swap_cost import (
     PRIOR_BYTES_PER_S,
