@@ -122,6 +122,15 @@ def recall_items(steps: list[StepRecord], limit_chars: int) -> list[tuple[str, s
     ]
 
 
+def verbatim_steps(spec: TaskSpec, steps: list[StepRecord], start: int = 0) -> list[list[JsonDict]]:
+    """The messages of each step from `start` on, as shown verbatim (nudges and loop marks included)."""
+    marks = loop_marks(steps, spec.loop)
+    return [
+        step_messages(step, spec.context.observation_chars, nudge=spec.require_finish, loop=mark)
+        for step, mark in zip(steps[start:], marks[start:], strict=True)
+    ]
+
+
 def build_messages(
     spec: TaskSpec,
     role: RoleSpec,
@@ -140,11 +149,8 @@ def build_messages(
         context = spec.context
         text = digest(steps[: plan.folded], context.summary_chars, plan.elided, context.recall_k > 0)
         messages.append({"role": "user", "content": text})
-    marks = loop_marks(steps, spec.loop)
-    for step, mark in zip(steps[plan.folded :], marks[plan.folded :], strict=True):
-        messages.extend(
-            step_messages(step, spec.context.observation_chars, nudge=spec.require_finish, loop=mark)
-        )
+    for shown in verbatim_steps(spec, steps, plan.folded):
+        messages.extend(shown)
     if recalled:
         # Last, after the stable part: it changes every step and would otherwise break the cached prefix.
         lines = "\n".join(f"- {text}" for text in recalled)

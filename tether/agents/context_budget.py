@@ -1,16 +1,19 @@
 """`ContextFitter`: keep each model call's prompt within the task's token budget, its prefix stable.
 
 The policy, over the journaled steps alone (so a resumed task is shown exactly what it would have been):
-- The verbatim tail begins at a block boundary (a multiple of `recent_steps`): the first boundary from
-  the count rule's (`folded_count`) on at which the whole prompt fits the budget. Between two folds the
-  system prompt, header and digest are byte-identical and the tail only grows, so each prompt begins
-  with the previous one (but for the recalled observations, which come last) and the prefix cache hits.
+- The verbatim tail begins at a block boundary (a multiple of `recent_steps`), never before the count
+  rule's (`folded_count`). When the tail outgrows its room (the budget less the system prompt, tools,
+  header, recalled observations and the digest's share), blocks are folded until it fills at most half
+  of it, so the next fold is many steps away. Between two folds the system prompt, header and digest
+  are byte-identical and the tail only grows: each prompt begins with the previous one (but for the
+  recalled observations, which come last) and the prefix cache hits. The folds are replayed step by
+  step from the first over per-step token counts, then the whole prompt is counted; should it still
+  not fit, the next boundaries are tried, then a fold of every step.
 - The digest holds a line per folded step while it fits `digest_share` of the budget. When a fold takes
   it past that, its oldest lines are left out in whole blocks until it is back under half the share, so
-  its beginning changes once in many folds rather than at every one; the steps left out stay reachable
-  through retrieval. Which lines are left out is replayed over the block boundaries from the first.
-- Should a huge step not fit behind the last boundary, it is folded too; should nothing fit even with
-  every step folded and the digest empty, the budget is too small for the task: `ContextBudgetError`.
+  its beginning too changes once in many folds; the steps left out stay reachable through retrieval.
+- Should nothing fit even with every step folded and the digest empty, the budget is too small for the
+  task: `ContextBudgetError`.
 
 Token counts come from the model's client where it can count (`tether.chat.tokens.PromptCounter`), else
 from the byte estimate; no I/O happens here.
@@ -20,10 +23,17 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tether.agents.context import ContextPlan, build_messages, digest_line, folded_count
+from tether.agents.context import (
+    ContextPlan,
+    build_messages,
+    digest_line,
+    folded_count,
+    verbatim_steps,
+)
 from tether.agents.task import MIN_CONTEXT_BUDGET_TOKENS, RoleSpec, TaskSpec
 from tether.chat import ChatRequest, ToolSpec
 from tether.errors import ConfigError
@@ -66,7 +76,9 @@ class ContextFitter:
 
     def __init__(self, count: CountTokens) -> None:
         self._count = count
+        # Committed steps never change: each digest line and verbatim step is counted once, not per call.
         self._text_tokens = functools.lru_cache(maxsize=65_536)(self._count_text)
+        self._step_tokens = functools.lru_cache(maxsize=8192)(self._count_step)
 
     def _count_text(self, text: str) -> int:
         return self._count(ChatRequest([{"role": "user", "content": text}]))
@@ -74,6 +86,10 @@ class ContextFitter:
     def _line_tokens(self, text: str) -> int:
         """A digest line's own tokens: its one-message count less the template's wrapping of a message."""
         return max(0, self._text_tokens(text) - self._text_tokens(""))
+
+    def _count_step(self, messages_json: str) -> int:
+        """A verbatim step's own tokens, its messages counted alone less one message's wrapping."""
+        return max(0, self._count(ChatRequest(json.loads(messages_json))) - self._text_tokens(""))
 
     def fit(
         self,
@@ -86,11 +102,16 @@ class ContextFitter:
     ) -> FittedContext:
         block, total = spec.context.recent_steps, len(steps)
         digest_cap = int(budget_tokens * spec.context.digest_share)
+        fixed = self._render(spec, role, [], recalled, tools, ContextPlan(0)).prompt_tokens
+        step_tokens = [self._step_tokens(json.dumps(shown)) for shown in verbatim_steps(spec, steps)]
+        planned = planned_fold(
+            [0, *itertools.accumulate(step_tokens)], block, budget_tokens - fixed - digest_cap
+        )
         line_tokens = [self._line_tokens(digest_line(step, spec.context.summary_chars)) for step in steps]
-        summed = [0, *itertools.accumulate(line_tokens)]
-        boundaries = list(range(folded_count(total, block), total + 1, block))
+        summed_lines = [0, *itertools.accumulate(line_tokens)]
+        boundaries = list(range(planned, total + 1, block))
         for folded in [*boundaries, *([total] if boundaries[-1:] != [total] else [])]:
-            plan = ContextPlan(folded, elided_steps(summed, folded, block, digest_cap))
+            plan = ContextPlan(folded, elided_steps(summed_lines, folded, block, digest_cap))
             fitted = self._render(spec, role, steps, recalled, tools, plan)
             if fitted.prompt_tokens <= budget_tokens:
                 return fitted
@@ -117,10 +138,30 @@ class ContextFitter:
         return FittedContext(messages, plan, self._count(ChatRequest(messages, tools=tools)))
 
 
+def planned_fold(summed_step_tokens: list[int], block: int, tail_room: int) -> int:
+    """Where the verbatim tail begins, replayed step by step from the first: at the count rule's boundary
+    or later; once the tail outgrows `tail_room` (`summed_step_tokens[i]`: the tokens of the steps
+    before i), at the first boundary that leaves it at most half of that (the last one, if none does)."""
+    folded = 0
+    for seen in range(1, len(summed_step_tokens)):
+        folded = max(folded, folded_count(seen, block))
+        if summed_step_tokens[seen] - summed_step_tokens[folded] <= tail_room:
+            continue
+        folded = next(
+            (
+                start
+                for start in range(folded + block, seen + 1, block)
+                if summed_step_tokens[seen] - summed_step_tokens[start] <= tail_room // 2
+            ),
+            (seen // block) * block,
+        )
+    return folded
+
+
 def elided_steps(summed_line_tokens: list[int], folded: int, block: int, digest_cap: int) -> int:
     """How many of the oldest folded steps the digest leaves out, replayed fold by fold from the first:
-    past `digest_cap`, whole blocks go until the rest is under half of it (`summed_line_tokens[i]`: the
-    tokens of the digest lines of steps before i)."""
+    past `digest_cap`, whole blocks go until the rest is under half of it, but never the newest block
+    (`summed_line_tokens[i]`: the tokens of the digest lines of steps before i)."""
     elided = 0
     ends = [*range(block, folded + 1, block), *([folded] if folded % block else [])]
     for end in ends:
@@ -133,6 +174,7 @@ def elided_steps(summed_line_tokens: list[int], folded: int, block: int, digest_
                 for start in range(elided + block, end, block)
                 if summed_line_tokens[end] - summed_line_tokens[start] <= digest_cap // 2
             ),
-            end,
+            # The cap is a target: the whole prompt's count is what must fit, so keep the newest block.
+            max(elided, (end - 1) // block * block),
         )
     return elided
