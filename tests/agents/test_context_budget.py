@@ -43,7 +43,7 @@ def long_task(count: int) -> list[StepRecord]:
 def spec_with(budget: int = BUDGET, **context: object) -> TaskSpec:
     return TaskSpec(
         goal="survey the repository",
-        context=ContextSpec(budget_tokens=budget, recent_steps=4, recall_k=3, **context),  # type: ignore[arg-type]
+        context=ContextSpec(budget_tokens=budget, recent_steps=4, recall_k=3, **context),
     )
 
 
@@ -142,7 +142,7 @@ def test_elision_keeps_the_newest_block_when_nothing_smaller_fits() -> None:
 )
 def test_bad_context_settings_are_refused(context: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        ContextSpec(**context)  # type: ignore[arg-type]
+        ContextSpec(**context)
 
 
 def test_a_runner_cap_below_the_least_budget_is_refused() -> None:
