@@ -61,4 +61,4 @@ def test_the_survey_ends_with_finish_at_its_last_step() -> None:
 
 def test_the_bench_refuses_a_client_that_cannot_count_its_prompts() -> None:
     with pytest.raises(ConfigError, match="needs a client that counts prompt tokens"):
-        SurveyPolicy(ScriptedClient([]), 10)  # type: ignore[arg-type]
+        SurveyPolicy(ScriptedClient([]), 10)
