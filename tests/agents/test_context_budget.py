@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -19,12 +20,15 @@ from tether.agents.context_budget import (
     planned_fold,
     step_budget,
 )
-from tether.agents.runner import RunnerConfig
+from tether.agents.runner import RunnerConfig, TaskRunner
+from tether.agents.service import AgentsConfig, AgentStack
 from tether.agents.task import ContextSpec, Limits, RoleSpec, TaskSpec
 from tether.chat import ChatRequest
 from tether.chat.tokens import estimate_prompt_tokens
 from tether.errors import ConfigError
-from tether.store.records import StepRecord
+from tether.sandbox import PoolConfig, SandboxPool, SandboxSpec
+from tether.store.records import StepRecord, TaskStatus
+from tether.testing.scripted import ScriptedClient
 from tether.tools import BUILTIN_TOOLS
 
 TOOLS = BUILTIN_TOOLS.only(("shell", "read_file", "finish")).specs()
@@ -167,3 +171,22 @@ def test_a_budget_that_cannot_hold_the_fixed_prompt_is_refused_with_both_numbers
     )
     with pytest.raises(ContextBudgetError, match=r"512 tokens cannot hold step 3's prompt .* take \d+"):
         ContextFitter(estimate_prompt_tokens).fit(spec, spec.roles[0], long_task(3), [], TOOLS, 512)
+
+
+async def test_a_task_whose_budget_cannot_hold_its_prompt_fails_with_the_reason(tmp_path: Path) -> None:
+    stack = AgentStack(AgentsConfig.embedded(tmp_path / "agents"))
+    spec = TaskSpec(
+        goal="g",
+        roles=(RoleSpec(name="agent", system_prompt="p" * 3000),),
+        context=ContextSpec(budget_tokens=512),
+    )
+    task_id = await stack.submit(spec)
+    try:
+        async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
+            runner = TaskRunner(stack.journal, stack.artifacts, pool, ScriptedClient([]), "w")
+            assert await runner.run(task_id) is TaskStatus.FAILED
+        task, steps = stack.journal.get_task(task_id), stack.journal.steps(task_id)
+    finally:
+        await stack.close()
+    assert task.error is not None and "512 tokens cannot hold step 0's prompt" in task.error
+    assert steps == []  # refused before any model call
