@@ -57,8 +57,17 @@ def test_the_survey_ends_with_finish_at_its_last_step() -> None:
     assert {survey_step(n, 10)[1][0][0] for n in range(9)} == {"read_file", "shell"}
     with pytest.raises(ConfigError, match="at least 2 steps"):
         survey_task(1, BUDGET)
+    with pytest.raises(ConfigError, match="budget_tokens = 100: expected at least 256"):
+        survey_task(10, 100)
 
 
 def test_the_bench_refuses_a_client_that_cannot_count_its_prompts() -> None:
     with pytest.raises(ConfigError, match="needs a client that counts prompt tokens"):
         SurveyPolicy(ScriptedClient([]), 10)
+
+
+def test_the_cli_bench_refuses_a_budget_too_small_before_loading_a_model() -> None:
+    args = ["agent", "bench", "--long-session", "--model", "no-such-model", "--budget-tokens", "100"]
+    outcome = CliRunner().invoke(app, args)
+    assert outcome.exit_code != 0
+    assert "budget_tokens = 100: expected at least 256 tokens" in outcome.output

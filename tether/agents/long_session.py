@@ -22,7 +22,7 @@ from tether.agents.context_budget import step_budget
 from tether.agents.memory import Embedder
 from tether.agents.runner import RunnerConfig, TaskRunner
 from tether.agents.service import AgentStack
-from tether.agents.task import ContextSpec, Limits, RoleSpec, TaskSpec
+from tether.agents.task import MIN_CONTEXT_BUDGET_TOKENS, ContextSpec, Limits, RoleSpec, TaskSpec
 from tether.chat import ChatClient, ChatRequest, Completion, FinishReason, ToolCall, assistant_message
 from tether.chat.tokens import PromptCounter
 from tether.errors import ConfigError
@@ -48,6 +48,10 @@ def survey_task(steps: int, budget_tokens: int, recall_k: int = 3) -> TaskSpec:
     """A task that takes exactly `steps` model calls: `steps - 1` survey steps, then `finish`."""
     if steps < 2:
         raise ConfigError(f"steps = {steps}: the long-session task needs at least 2 steps")
+    if budget_tokens < MIN_CONTEXT_BUDGET_TOKENS:
+        raise ConfigError(
+            f"budget_tokens = {budget_tokens}: expected at least {MIN_CONTEXT_BUDGET_TOKENS} tokens"
+        )
     return TaskSpec(
         goal="List every TODO in src/ with its owner, writing your findings to notes.md as you go.",
         roles=(RoleSpec(name="agent", system_prompt=SYSTEM_PROMPT, tools=("shell", "read_file", "finish")),),

@@ -371,11 +371,12 @@ async def _long_session(
     cli: CliState, steps: int, model: str, budget_tokens: int, recall: bool, device: str
 ) -> LongSessionResult:
     """A scratch journal and a one-slot sandbox for the survey task, its prompts sent to `model`."""
-    from tether.agents.long_session import run_long_session
+    from tether.agents.long_session import run_long_session, survey_task
     from tether.agents.memory import MiniLMEmbedder, minilm_installed
     from tether.agents.service import AgentsConfig, AgentStack
     from tether.serving.engine_client import EngineClient
 
+    survey_task(steps, budget_tokens)  # bad settings are refused before anything loads
     settings = cli.settings()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
