@@ -10,9 +10,11 @@ import pytest
 
 from tether.chat import ChatRequest
 from tether.chat.openai_client import OpenAIClient
+from tether.chat.tokens import PromptCounter, estimate_prompt_tokens
 from tether.errors import ConfigError
 from tether.serving.engine_client import EngineClient, open_client
 from tether.testing.scripted import ScriptedClient
+from tether.tools import BUILTIN_TOOLS
 
 
 async def test_the_in_process_engine_answers_a_chat(
@@ -24,6 +26,24 @@ async def test_the_in_process_engine_answers_a_chat(
     finally:
         await client.close()
     assert completion.usage.completion_tokens >= 1 and completion.usage.prompt_tokens > 0
+
+
+async def test_the_engine_counts_a_prompt_as_it_prefills_it(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    client = EngineClient(str(tiny_model("qwen2")), tmp_path, kv_cache_mib=4, device="cpu")
+    tools = BUILTIN_TOOLS.only(("shell", "finish")).specs()
+    request = ChatRequest(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], tools, max_tokens=1
+    )
+    try:
+        assert isinstance(client, PromptCounter)
+        counted = client.count_prompt_tokens(request)
+        completion = await client.complete(request)
+        assert client.max_model_len == 2048  # the tiny model's window
+    finally:
+        await client.close()
+    assert counted == completion.usage.prompt_tokens > estimate_prompt_tokens(request) // 4
 
 
 def test_open_client_picks_the_client_each_pair_names(tmp_path: Path) -> None:

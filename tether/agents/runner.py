@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from tether.agents.check import run_check, with_outcome
-from tether.agents.context import build_messages, folded_count, recall_items, recall_query
+from tether.agents.context_budget import ContextBudgetError, ContextFitter, step_budget
 from tether.agents.loops import last_mark
-from tether.agents.memory import Embedder, ObservationMemory
+from tether.agents.memory import Embedder
+from tether.agents.recall import Recaller
 from tether.agents.replay import (
     OUTCOME_UNKNOWN,
     CallAction,
@@ -37,9 +38,11 @@ from tether.agents.replay import (
     spent_budget,
     step_outcome,
 )
-from tether.agents.task import TaskSpec
+from tether.agents.task import MIN_CONTEXT_BUDGET_TOKENS, TaskSpec
 from tether.agents.telemetry import Telemetry
 from tether.chat import ChatClient, ChatRequest, ToolCall
+from tether.chat.tokens import PromptCounter, estimate_prompt_tokens
+from tether.errors import ConfigError
 from tether.sandbox.interface import Sandbox, SessionLost
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal, LeaseLost
@@ -58,10 +61,16 @@ from tether.tools import BUILTIN_TOOLS, HANDOFF, ReplayPolicy, SandboxWorkspace,
 class RunnerConfig:
     lease_s: float = 30.0  # another worker may take the task over this long after the last renewal
     max_session_losses: int = 5  # sessions lost in one run of a task before the loss is raised
+    context_budget_tokens: int | None = None  # caps every task's context.budget_tokens (None: no cap)
 
     def __post_init__(self) -> None:
         assert self.lease_s > 0
         assert self.max_session_losses >= 0
+        if self.context_budget_tokens is not None and self.context_budget_tokens < MIN_CONTEXT_BUDGET_TOKENS:
+            raise ConfigError(
+                f"context_budget_tokens = {self.context_budget_tokens}: expected at least "
+                f"{MIN_CONTEXT_BUDGET_TOKENS} tokens, or None for the tasks' own budgets"
+            )
 
 
 class TaskRunner:
@@ -87,10 +96,11 @@ class TaskRunner:
         self.tools = tools if tools is not None else BUILTIN_TOOLS
         self.telemetry = telemetry or Telemetry()
         self._clock = clock
-        self._embedder_factory = embedder  # loaded on first use: only long tasks need it
-        self._embedder: Embedder | None = None
-        self._memories: dict[str, ObservationMemory] = {}
-        self._embedder_lock = asyncio.Lock()
+        self._recaller = Recaller(embedder)
+        # The model's own count where its client can give one: the budget then bounds what it prefills.
+        counter = model if isinstance(model, PromptCounter) else None
+        self._fitter = ContextFitter(counter.count_prompt_tokens if counter else estimate_prompt_tokens)
+        self._model_len = counter.max_model_len if counter else None
 
     async def run(
         self,
@@ -128,7 +138,7 @@ class TaskRunner:
                 return None  # our own keeper stopped us: another worker owns the task now
             raise
         finally:
-            self._memories.pop(task_id, None)
+            self._recaller.forget(task_id)
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, LeaseLost):
                 await keeper
@@ -207,7 +217,10 @@ class TaskRunner:
                     return await end(verdict[0], error=verdict[1])
                 if stop.is_set():
                     return self._stop_between_steps(task_id, epoch, len(steps))
-                step = await self._model_step(task_id, epoch, spec, role, steps)
+                try:
+                    step = await self._model_step(task_id, epoch, spec, role, steps)
+                except ContextBudgetError as error:
+                    return await end(TaskStatus.FAILED, error=str(error))
                 step, outcome = await self._complete_step(workspace, spec, epoch, step, hands_off)
                 steps.append(step)
                 if outcome.outcome is Outcome.FINISHED:
@@ -266,26 +279,6 @@ class TaskRunner:
         self.telemetry.event("task", task_id=task_id, status=status.value, error=error)
         return status
 
-    async def _recall(self, spec: TaskSpec, steps: list[StepRecord]) -> list[str]:
-        folded = folded_count(len(steps), spec.context.recent_steps)
-        if not folded or not spec.context.recall_k or self._embedder_factory is None:
-            return []
-        # Loading and running the encoder take seconds of CPU: off the event loop, so the lease keeper
-        # and the other tasks of this worker keep running meanwhile.
-        async with self._embedder_lock:  # two tasks reaching this at once load the encoder once
-            if self._embedder is None:
-                self._embedder = await asyncio.to_thread(self._embedder_factory)
-        memory = self._memories.setdefault(steps[0].task_id, ObservationMemory(self._embedder))
-        items = recall_items(steps[:folded], spec.context.summary_chars * 2)
-        query = recall_query(steps, spec.context.observation_chars)
-
-        def search() -> list[str]:
-            memory.add(items)
-            found = memory.recall(query, spec.context.recall_k, among={key for key, _ in items})
-            return [item.text for item in found]
-
-        return await asyncio.to_thread(search)
-
     def _hand_off(self, task_id: str, epoch: int, from_role: str, outcome: StepOutcome) -> TaskStatus:
         """The step is committed; give the lease up so the next role's turn can go to any worker."""
         self.journal.release(task_id, epoch)
@@ -321,12 +314,12 @@ class TaskRunner:
     ) -> StepRecord:
         step_no = len(steps)
         role_spec = spec.role(role)
-        messages = build_messages(spec, role_spec, steps, await self._recall(spec, steps))
+        tools = self.tools.only(role_spec.tools).specs()
+        budget = step_budget(spec, self.config.context_budget_tokens, self._model_len)
+        recalled = await self._recaller.recall(spec, steps)
+        messages = self._fitter.fit(spec, role_spec, steps, recalled, tools, budget).messages
         request = ChatRequest(
-            messages,
-            tools=self.tools.only(role_spec.tools).specs(),
-            max_tokens=spec.limits.max_output_tokens,
-            step_no=step_no,
+            messages, tools=tools, max_tokens=spec.limits.max_output_tokens, step_no=step_no
         )
         started = self._clock()
         with self.telemetry.span("agent.model", task_id=task_id, step_no=step_no, role=role):
@@ -355,7 +348,11 @@ class TaskRunner:
             epoch=epoch,
             role=role,
             message=completion.message,
-            usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+            usage={
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cached_tokens": usage.cached_tokens,
+            },
             messages_in=len(messages),
             messages_in_digest=messages_digest(messages),
             started_at=started,

@@ -41,10 +41,30 @@ class RoleSpec(BaseModel):
     hands_off_to: tuple[str, ...] = ()  # roles this one may pass the task to with the `handoff` tool
 
 
+MIN_CONTEXT_BUDGET_TOKENS = 256  # below this not even a system prompt, the tools and one step fit
+
+
 class ContextSpec(BaseModel):
+    """What each model call is shown: the newest steps verbatim, older ones folded (in blocks of
+    `recent_steps`) into a digest, within `budget_tokens` (see `tether.agents.context_budget`)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    recent_steps: int = Field(8, ge=1, description="Steps replayed verbatim into every model call.")
+    recent_steps: int = Field(
+        8, ge=1, description="Steps replayed verbatim into every model call, and folded at once."
+    )
+    budget_tokens: int = Field(
+        8192,
+        ge=MIN_CONTEXT_BUDGET_TOKENS,
+        le=10_000_000,
+        description="Most prompt tokens a model call may send; older steps are folded to stay within.",
+    )
+    digest_share: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="Part of the budget the digest may fill; past it its oldest steps are left out.",
+    )
     observation_chars: int = Field(4000, ge=100, description="Longest tool output shown to the model.")
     summary_chars: int = Field(200, ge=20, description="Characters kept per older step in the digest.")
     recall_k: int = Field(

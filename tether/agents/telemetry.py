@@ -53,7 +53,7 @@ class Telemetry:
         self, task_id: str, step_no: int, role: str, usage: dict[str, Any], seconds: float
     ) -> None:
         self.steps.labels(role=role).inc()
-        for kind in ("prompt_tokens", "completion_tokens"):
+        for kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             self.tokens.labels(kind=kind).inc(int(usage.get(kind, 0)))
         self.event(
             "step", task_id=task_id, step_no=step_no, role=role, usage=usage, seconds=round(seconds, 4)

@@ -27,12 +27,14 @@ from tether.cli.agent_journal import (
     task_journal,
 )
 from tether.cli.common import (
+    CliState,
     DeviceOption,
     DTypeOption,
     KvCacheMibOption,
     MaxModelLenOption,
     RopeScalingOption,
     err_console,
+    open_sandbox,
     print_json,
     state,
     user_errors,
@@ -52,6 +54,7 @@ from tether.errors import ConfigError
 from tether.store.records import StepRecord, TaskRecord, TaskStatus
 
 if TYPE_CHECKING:
+    from tether.agents.long_session import LongSessionResult
     from tether.agents.service import AgentsConfig
 
 app = typer.Typer(help="Durable long-horizon agents: tasks, steps, resume.", no_args_is_help=True)
@@ -311,13 +314,51 @@ def cancel_command(
 
 @app.command("bench")
 def bench_command(
-    steps: Annotated[int, typer.Option("--steps", min=10, help="Steps persisted.")] = 500,
+    ctx: typer.Context,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps", min=10, help="Steps persisted (default 500), or with --long-session run (200)."
+        ),
+    ] = None,
     store: Annotated[
         str | None, typer.Option("--store", help="Journal to measure (default: a fresh SQLite file).")
     ] = None,
+    long_session: Annotated[
+        bool,
+        typer.Option(
+            "--long-session",
+            help="Measure the context policy instead: a scripted many-step task whose prompts go to an "
+            "in-process engine; prompt and cached tokens per step against the context budget.",
+        ),
+    ] = False,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="With --long-session: the engine's model, or `tiny` (random, built here)."
+        ),
+    ] = "smollm2-135m-instruct",
+    budget_tokens: Annotated[
+        int, typer.Option("--budget-tokens", min=1, help="With --long-session: the task's context budget.")
+    ] = 3584,
+    recall: Annotated[
+        bool, typer.Option("--recall/--no-recall", help="With --long-session: retrieval of folded steps.")
+    ] = True,
+    device: DeviceOption = "cpu",
+    per_step: Annotated[
+        bool, typer.Option("--per-step", help="With --long-session --json: every step's token counts too.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Checkpoint overhead: milliseconds to persist one step (append + commit), median and p95."""
+    """Checkpoint overhead: milliseconds to persist one step (append + commit), median and p95; or, with
+    --long-session, the context policy's prompt tokens and prefix-cache share over a long task."""
+    if long_session:
+        with user_errors():
+            session = asyncio.run(
+                _long_session(state(ctx), steps or 200, model, budget_tokens, recall, device)
+            )
+        _report_long_session(session, as_json, per_step)
+        return
     from tether.agents.bench import bench_step_persist
     from tether.store.journal import Journal
 
@@ -325,7 +366,7 @@ def bench_command(
         url = store or f"sqlite:///{Path(scratch) / 'bench.db'}"
         journal = Journal(url, table_prefix=f"bench{int(time.time())}_")
         try:
-            result = bench_step_persist(journal, steps)
+            result = bench_step_persist(journal, steps or 500)
         finally:
             journal.drop_schema()
             journal.close()
@@ -337,5 +378,50 @@ def bench_command(
         f"median {result.step_median_ms:.2f} ms, p95 {result.step_p95_ms:.2f} ms "
         f"(append {result.append_median_ms:.2f} ms + commit {result.commit_median_ms:.2f} ms, "
         f"{result.steps} steps)",
+        highlight=False,
+    )
+
+
+async def _long_session(
+    cli: CliState, steps: int, model: str, budget_tokens: int, recall: bool, device: str
+) -> LongSessionResult:
+    """A scratch journal and a one-slot sandbox for the survey task, its prompts sent to `model`."""
+    from tether.agents.long_session import run_long_session, survey_task
+    from tether.agents.memory import MiniLMEmbedder, minilm_installed
+    from tether.agents.service import AgentsConfig, AgentStack
+    from tether.serving.engine_client import EngineClient
+
+    survey_task(steps, budget_tokens)  # bad settings are refused before anything loads
+    settings = cli.settings()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        if model == "tiny":  # a byte a token: a longer window than the default tiny model's 2048
+            from tether.testing import make_tiny_model
+
+            model = str(make_tiny_model(root / "tiny", "qwen2", max_position_embeddings=8192))
+        engine = EngineClient(model, settings.cache_dir, kv_cache_mib=512, device=device)
+        stack = AgentStack(AgentsConfig.embedded(root / "agents"))
+        pool = open_sandbox(settings, slots=1)
+        try:
+            await pool.start()
+            embedder = MiniLMEmbedder if recall and minilm_installed() else None
+            return await run_long_session(stack, pool, engine, steps, budget_tokens, embedder)
+        finally:
+            await pool.close()
+            await stack.close()
+            await engine.close()
+
+
+def _report_long_session(result: LongSessionResult, as_json: bool, per_step: bool) -> None:
+    summary = asdict(result)
+    steps = summary.pop("per_step")
+    if as_json:
+        print_json({**summary, **({"per_step": steps} if per_step else {})})
+        return
+    console.print(
+        f"{result.steps} steps ({result.status}) within a budget of {result.budget_tokens} tokens: prompt "
+        f"tokens max {result.max_prompt_tokens}, median {result.median_prompt_tokens:.0f}; cached share "
+        f"{result.cached_share:.3f} overall, {result.cached_share_last_window:.3f} over the last "
+        f"{result.last_window_steps} steps; {result.fold_points} fold points; {result.seconds:.1f} s",
         highlight=False,
     )

@@ -3,7 +3,8 @@
 
 The app is called over httpx's ASGI transport, so a caller talks to the in-process engine exactly as it
 would to `tether serve` on the network (the same tool-call format, constraints and refusals); no port is
-opened.
+opened. It counts a request's prompt tokens as the server will (`tether.chat.tokens.PromptCounter`), so
+an agent can keep its context within a token budget before it sends it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 
 import httpx
 
-from tether.chat import ChatClient
-from tether.chat.openai_client import OpenAIClient
+from tether.chat import ChatClient, ChatRequest
+from tether.chat.completion import ModelError
+from tether.chat.openai_client import OpenAIClient, request_body
 from tether.errors import ConfigError
+from tether.serving.jobs import JobFactory
+from tether.serving.openai_api import APIError, ChatCompletionRequest
 from tether.testing.scripted import ScriptedClient
 
 
@@ -57,9 +61,24 @@ class EngineClient(OpenAIClient):
             rope_scaling=rope,
         )
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
+        self._max_model_len = int(engine.config.max_model_len)
+        # The app's own factory is behind the app; an identical one here renders prompts the same way.
+        self._jobs = JobFactory(tokenizer, name, min(len(tokenizer), engine.vocab_size), self._max_model_len)
         app = create_app(self._engine, tokenizer, name)
         self._engine.start()
         super().__init__("http://engine.local/v1", name, transport=httpx.ASGITransport(app=app))
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def count_prompt_tokens(self, request: ChatRequest) -> int:
+        """The tokens the served chat template makes of `request`: the server's `prompt_tokens`."""
+        try:
+            body = ChatCompletionRequest.model_validate(request_body(self.name, request))
+            return len(self._jobs.chat_prompt(body)[2])
+        except APIError as error:
+            raise ModelError(f"cannot count the prompt: {error}") from None
 
     async def close(self) -> None:
         await super().close()

@@ -74,6 +74,17 @@ class JobFactory:
                 "max_completion_tokens: give it or its deprecated alias max_tokens, not both",
                 "max_completion_tokens",
             )
+        plan, fmt, ids = self.chat_prompt(body)
+        given = body.max_completion_tokens is not None
+        max_tokens = body.max_completion_tokens if given else body.max_tokens
+        param = "max_completion_tokens" if given else "max_tokens"
+        job = self._job("chat", body, ids, max_tokens, param, plan.structured, body.top_logprobs or 0)
+        job.logprobs, job.plan, job.tool_format = body.logprobs, plan, fmt
+        return job
+
+    def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, ToolFormat, list[int]]:
+        """The checked chat, the tool format that reads its replies and the prompt's token ids: what a
+        chat request prefills (agents count their context with it before they send it)."""
         template = self.template
         if template is None:
             raise APIError(
@@ -90,12 +101,7 @@ class JobFactory:
             raise APIError(400, f"{param}: {error}", param) from None
         except Exception as error:  # a template's own checks (roles out of order, ...)
             raise APIError(400, f"messages: cannot apply the chat template: {error}", "messages") from error
-        given = body.max_completion_tokens is not None
-        max_tokens = body.max_completion_tokens if given else body.max_tokens
-        param = "max_completion_tokens" if given else "max_tokens"
-        job = self._job("chat", body, ids, max_tokens, param, plan.structured, body.top_logprobs or 0)
-        job.logprobs, job.plan, job.tool_format = body.logprobs, plan, fmt
-        return job
+        return plan, fmt, ids
 
     def text(self, body: CompletionRequest) -> Job:
         if body.echo:

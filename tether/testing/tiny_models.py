@@ -24,7 +24,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _config(architecture: str, vocab_size: int, eos_token_id: int) -> Any:
+def _config(
+    architecture: str, vocab_size: int, eos_token_id: int, max_position_embeddings: int = 2048
+) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = {
@@ -34,7 +36,7 @@ def _config(architecture: str, vocab_size: int, eos_token_id: int) -> Any:
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": max_position_embeddings,
         "rms_norm_eps": 1e-6,
         "bos_token_id": None,
         "eos_token_id": eos_token_id,
@@ -87,13 +89,18 @@ def _tokenizer() -> Any:
     return tokenizer
 
 
-def make_tiny_model(directory: Path, architecture: str = "llama", seed: int = 0) -> Path:
-    """Write a tiny random model of `architecture` into `directory` (created) and return it."""
+def make_tiny_model(
+    directory: Path, architecture: str = "llama", seed: int = 0, max_position_embeddings: int = 2048
+) -> Path:
+    """Write a tiny random model of `architecture` into `directory` (created) and return it; its
+    byte-level tokenizer reads a byte a token, so long prompts want a larger `max_position_embeddings`."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM
 
     tokenizer = _tokenizer()
-    config = _config(architecture, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    config = _config(
+        architecture, len(tokenizer), tokenizer.eos_token_id, max_position_embeddings=max_position_embeddings
+    )
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
