@@ -265,3 +265,17 @@ def test_torch_attention_over_the_blocks_gives_the_engine_kernels_values(
         with torch.no_grad(), mock.patch("tether.models.dense.kernel_for", return_value=kernel):
             results.append(torch.cat(token_logprobs(model, batch, targets)))
     assert torch.allclose(results[0], results[1], atol=1e-5, rtol=0), (results[0] - results[1]).abs().max()
+
+
+def test_an_attention_given_from_outside_is_refused_for_sliding_window_layers(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    """Context-parallel attention (`attend`) sees whole documents: a windowed model must not silently
+    attend past its window through it."""
+    from tether.models.config import UnsupportedModelError
+    from tether.models.dense import hidden_states
+
+    model, _, _ = load(tiny_model("mistral"))
+    batch = DenseBatch.padded([[1, 2, 3, 4]])
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        hidden_states(model, batch, attend=lambda q, k, v, scale: q)
