@@ -155,3 +155,15 @@ def test_the_policy_takes_long_contexts_only_and_zero_means_the_full_matrix() ->
         q, keys, values, table, 0, 30, None, 0.25
     )
     torch.testing.assert_close(tiled, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockwise_on_cuda_equals_sdpa(dtype: torch.dtype) -> None:
+    q, keys, values, table = paged_problem(6, 300, 100, 8, 2, 64, torch.float32)
+    cuda_q, cuda_keys, cuda_values = (t.to(dtype).cuda() for t in (q, keys, values))
+    ours = run_path("blockwise", cuda_q, cuda_keys, cuda_values, table.cuda(), 300, 40, block_tokens=32)
+    assert ours.device.type == "cuda" and ours.dtype == dtype
+    reference = sdpa_reference(q, keys, values, table, 300, 40)
+    tolerance = 1e-5 if dtype == torch.float32 else 0.05
+    torch.testing.assert_close(ours.cpu().double(), reference, rtol=tolerance, atol=tolerance)

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from tether.engine.model_runner import ModelRunner, SequenceChunk
+from tether.kernels import attention
+from tether.kernels.blockwise import LongChunkAttention
 from tether.models import ModelConfig, load
 from tether.models.config import layer_windows
 from tether.models.dense import DenseBatch, hidden_states, token_logprobs
@@ -86,14 +88,24 @@ def test_windowed_tiny_models_slide_where_expected(tiny_model: Callable[[str], P
 
 @pytest.mark.parametrize("architecture", WINDOWED)
 @pytest.mark.parametrize("chunk", [100, 13])
+@pytest.mark.parametrize("path", ["kernel", "sdpa", "blockwise"])
 def test_paged_prefill_past_the_window_matches_transformers(
-    architecture: str, chunk: int, tiny_model: Callable[[str], Path]
+    architecture: str,
+    chunk: int,
+    path: str,
+    tiny_model: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every position of a 100-token prompt, prefilled in one chunk or in chunks of 13 (starts that are
-    not multiples of the block size or the window)."""
+    not multiples of the block size or the window), through the per-row C kernel, SDPA (as on a GPU) or
+    block-wise attention (8-token tiles)."""
+    if path == "sdpa":
+        monkeypatch.setattr(attention, "kernel_for", lambda *_: attention.AttentionKernel.TORCH_SDPA)
     folder = tiny_model(architecture)
     model, _, config = load(folder)
     runner = ModelRunner(model, num_blocks=40, block_size=BLOCK_SIZE)
+    if path == "blockwise":
+        runner.long_chunks = LongChunkAttention(block_tokens=8, min_context=1)
     tokens = random_tokens(config, 100, seed=1)
     table = list(range(39, 14, -1))  # 25 blocks, descending ids
     logits = []
@@ -137,8 +149,6 @@ def test_dense_forward_past_the_window_matches_transformers(
     sequences = [random_tokens(config, 100, seed=2), random_tokens(config, 37, seed=3)]
     batch = DenseBatch.padded(sequences)
     if device_path == "sdpa":
-        from tether.kernels import attention
-
         monkeypatch.setattr("tether.models.dense.kernel_for", lambda *_: attention.AttentionKernel.TORCH_SDPA)
     with torch.no_grad():
         ours = model.lm_head(hidden_states(model, batch))

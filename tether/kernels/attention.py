@@ -105,7 +105,8 @@ class ChunkSpan:
     mask: torch.Tensor | None
     """BoolTensor[query_len, context_len - offset], the causal (and window) mask over the table's rows;
     None when nothing is cached and no window cuts in, where SDPA's own `is_causal` is that mask and
-    leaves CUDA its flash/memory-efficient kernels (an explicit dense mask rules flash out)."""
+    leaves CUDA its flash/memory-efficient kernels (an explicit dense mask rules flash out); None too for a
+    chunk that takes the long-chunk path (`AttentionMetadata.long_chunks`), which masks tile by tile."""
     window: int | None
 
 
@@ -136,16 +137,20 @@ class AttentionMetadata:
     ) -> AttentionMetadata:
         device = slot_mapping.device
         decoding = [span for span in spans if span.query_len == 1]
+        long_chunks = long_chunks or LongChunkAttention()
         views = {}
         for window in dict.fromkeys(windows):
             decode = _decode_group(decoding, block_size, window, device) if decoding else None
             chunks = tuple(
-                _chunk_span(span, block_size, window, device) for span in spans if span.query_len > 1
+                _chunk_span(span, block_size, window, device, masked=not long_chunks.takes(span.context_len))
+                for span in spans
+                if span.query_len > 1
             )
             views[window] = WindowView(decode, chunks)
-        return cls(slot_mapping, views, long_chunks or LongChunkAttention())
+        return cls(slot_mapping, views, long_chunks)
 
     def view(self, window: int | None) -> WindowView:
+        assert window in self.views, f"no view for window {window}: build with the model's layer_windows"
         return self.views[window]
 
 
@@ -187,14 +192,18 @@ def _decode_group(
     )
 
 
-def _chunk_span(span: SequenceSpan, block_size: int, window: int | None, device: torch.device) -> ChunkSpan:
+def _chunk_span(
+    span: SequenceSpan, block_size: int, window: int | None, device: torch.device, masked: bool
+) -> ChunkSpan:
+    """`masked` False: a long chunk, whose block-wise attention builds masks per tile (a dense one would
+    grow with the context)."""
     first = window_start(span.start, window) // block_size
     offset = first * block_size
     table = torch.tensor(
         span.block_table[first : _blocks_for(span.context_len, block_size)], dtype=torch.long
     )
-    if span.start == 0 and (window is None or window >= span.context_len):
-        return ChunkSpan(span=span, table=table.to(device), offset=0, mask=None, window=window)
+    if not masked or (span.start == 0 and (window is None or window >= span.context_len)):
+        return ChunkSpan(span=span, table=table.to(device), offset=offset, mask=None, window=window)
     query_pos = torch.arange(span.start, span.context_len)[:, None]
     key_pos = torch.arange(offset, span.context_len)[None, :]
     mask = key_pos <= query_pos

@@ -66,8 +66,8 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _mask(scores: torch.Tensor, first_query: int, first_key: int, window: int | None) -> torch.Tensor:
-    """Scores [kv_heads, group, Qt, Kt] with the keys a query must not see set to -inf, where some are:
-    later keys (causal) and keys before the query's window."""
+    """Scores [kv_heads, group, Qt, Kt] with the keys a query must not see set to -inf, in place, where
+    some are: later keys (causal) and keys before the query's window."""
     queries, keys = scores.shape[2], scores.shape[3]
     last_query, last_key = first_query + queries - 1, first_key + keys - 1
     causal = last_key > first_query
@@ -79,7 +79,7 @@ def _mask(scores: torch.Tensor, first_query: int, first_key: int, window: int | 
     hidden = key_pos > query_pos
     if window is not None:
         hidden |= key_pos <= query_pos - window
-    return scores.masked_fill(hidden, float("-inf"))
+    return scores.masked_fill_(hidden, float("-inf"))
 
 
 def blockwise_attention(
@@ -103,7 +103,7 @@ def blockwise_attention(
     assert offset % block_size == 0 and offset <= _first_visible(start, window), "table starts too late"
     tokens, heads, dim = q.shape
     group = heads // kv_heads
-    grouped = _grouped(q, kv_heads)
+    grouped = _grouped(q * scale, kv_heads)  # scaled once here rather than every score tile
     out = torch.empty_like(q)
     for a in range(0, tokens, block_tokens):
         first_query = start + a
@@ -121,18 +121,22 @@ def blockwise_attention(
             blocks = table[(key_start - offset) // block_size : (key_end - offset - 1) // block_size + 1]
             keys = key_cache[blocks].flatten(0, 1)[: key_end - key_start].to(q.dtype)  # [Kt, kv_heads, d]
             values = value_cache[blocks].flatten(0, 1)[: key_end - key_start].to(q.dtype)
-            scores = torch.bmm(flat, keys.permute(1, 2, 0)).float() * scale  # [kv_heads, g * Qt, Kt]
+            scores = torch.bmm(flat, keys.permute(1, 2, 0)).float()  # [kv_heads, g * Qt, Kt]
             scores = _mask(scores.view(kv_heads, group, rows, -1), first_query, key_start, window)
             scores = scores.view(kv_heads, group * rows, -1)
             new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
             # A row that has seen no key yet keeps -inf; shift it by 0 so exp gives 0, not NaN.
-            shift = torch.where(torch.isinf(new_top), torch.zeros_like(new_top), new_top)
-            weights = torch.exp(scores - shift)
-            decay = torch.exp(top - shift)
-            total = total * decay + weights.sum(dim=-1, keepdim=True)
-            acc = acc * decay + torch.bmm(weights.to(values.dtype), values.transpose(0, 1)).float()
+            shift = new_top.masked_fill(torch.isinf(new_top), 0.0)
+            weights = scores.sub_(shift).exp_()  # in place: the score tile is the largest intermediate
+            decay = (top - shift).exp_()
+            total.mul_(decay).add_(weights.sum(dim=-1, keepdim=True))
+            acc.mul_(decay)
+            if weights.dtype == values.dtype:
+                acc.baddbmm_(weights, values.transpose(0, 1))
+            else:
+                acc.add_(torch.bmm(weights.to(values.dtype), values.transpose(0, 1)))
             top = new_top
-        attended = (acc / total).view(kv_heads, group, rows, dim).permute(2, 0, 1, 3)
+        attended = acc.div_(total).view(kv_heads, group, rows, dim).permute(2, 0, 1, 3)
         out[a : a + rows] = attended.reshape(rows, heads, dim).to(q.dtype)
     return out
 

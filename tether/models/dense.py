@@ -6,7 +6,9 @@ recorded for the same weights. Only attention differs in layout: a [rows, tokens
 (sequences padded one per row, or packed several per row; a shared prompt is a document its samples also
 see), each attending causally to its own tokens and its context, in two SDPA calls a layer (documents
 without a context, then those with one): memory grows with the documents' own sizes, not a row's length
-squared, and there is no dense row mask.
+squared, and there is no dense row mask. A layer with a sliding window sees only the last `window` keys of
+each token; documents longer than the window are then cut into window-sized query tiles
+(`attention_blocks(window)`), so memory grows with tokens x window.
 On CPU in float32 the forward values come from the engine's attention kernel, every token over its own
 keys in order, and the final normalisation is the sampler's, so the logprobs equal the engine's bit for
 bit (with batch-invariant projections: see `layers.Linear`). It does not sample, cache or schedule.

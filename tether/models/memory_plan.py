@@ -169,7 +169,8 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def _saved_bytes(config: ModelConfig, layers: int, dtype: torch.dtype, micro_batch: MicroBatch) -> int:
     """Bytes of the distinct non-parameter tensors autograd saves over one micro-batch's forward."""
-    model = meta_model(dataclasses.replace(config, num_layers=layers), dtype)
+    windows = tuple(config.layer_windows[i % config.num_layers] for i in range(layers))
+    model = meta_model(dataclasses.replace(config, num_layers=layers, layer_windows=windows), dtype)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     saved: dict[int, int] = {}
 
