@@ -116,3 +116,11 @@ def test_from_pretrained_takes_max_model_len_and_rope_scaling(tiny_path: Path) -
         LLMEngine.from_pretrained(
             tiny_path, kv_cache_mib=1, max_model_len=8192, rope_scaling=RopeScaling.parse("yarn:4")
         )
+
+
+def test_a_length_that_cannot_fit_fails_before_the_weights_load(tiny_path: Path, tmp_path: Path) -> None:
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((tiny_path / "config.json").read_text())
+    with pytest.raises(ConfigError, match="past the model's context limit"):
+        LLMEngine.from_pretrained(config_only, kv_cache_mib=8, max_model_len=8192)

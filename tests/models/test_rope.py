@@ -13,9 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner, SequenceChunk, make_batch
+from tether.engine.sampling import SamplingParams
 from tether.models import ModelConfig, UnsupportedModelError, load
 from tether.models.config import RopeScaling, RopeType
+from tether.models.dense import DenseBatch, token_logprobs
 
 ORIGINAL = 64
 """The tiny models' max_position_embeddings here: every test sequence runs past it."""
@@ -296,3 +299,19 @@ def test_the_original_length_defaults_to_max_position_embeddings_and_dynamic_alw
 def test_a_yarn_factor_of_null_is_the_ratio_of_the_lengths_as_in_transformers() -> None:
     config = model_config(4096, {"type": "yarn", "factor": None, "original_max_position_embeddings": 1024})
     assert config.rope_scaling.factor == 4.0
+
+
+def test_the_learners_dense_forward_recomputes_yarn_engine_logprobs(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Past the original context the training forward (`models.dense`) rotates as the engine does."""
+    folder = scaled_model(tiny_model, tmp_path, "qwen2", "yarn")
+    engine, _ = LLMEngine.from_pretrained(folder, kv_cache_mib=4, max_model_len=TOKENS + 16, seed=3)
+    prompt = random_tokens(engine.runner.config.vocab_size, TOKENS, seed=6)
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=7, ignore_eos=True)
+    (completion,) = engine.generate([prompt], params)[0].completions
+    model, _, _ = load(folder)
+    sequence = prompt + completion.token_ids
+    with torch.no_grad():
+        (ours,) = token_logprobs(model, DenseBatch.padded([sequence]), [(TOKENS, len(sequence))], 1.0)
+    torch.testing.assert_close(ours, torch.tensor(completion.logprobs), atol=1e-5, rtol=0)

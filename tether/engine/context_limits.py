@@ -22,9 +22,8 @@ were; longer contexts are asked for explicitly."""
 
 
 def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype) -> int:
-    """KV cache bytes one token takes: a key and a value per layer and KV head, `head_dim` elements each."""
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
+    """KV cache bytes one token takes in `dtype` (`ModelConfig.kv_bytes_per_token`)."""
+    return model_config.kv_bytes_per_token(dtype.itemsize)
 
 
 def kv_cache_blocks(model_config: ModelConfig, kv_cache_mib: int, block_size: int, dtype: torch.dtype) -> int:

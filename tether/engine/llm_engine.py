@@ -54,8 +54,9 @@ from tether.engine.weight_update import (
 from tether.errors import ConfigError
 from tether.kernels.blockwise import LongChunkAttention
 from tether.models import load
-from tether.models.config import RopeScaling
+from tether.models.config import ModelConfig, RopeScaling
 from tether.models.governor import ThreadGovernor
+from tether.models.loader import resolve
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -146,17 +147,17 @@ class LLMEngine:
 
         `rope_scaling` replaces the model's own (`tether.models.load`); `max_model_len` is checked against
         the model's context limit and the cache (`context_limits`), None taking the default there."""
-        model, tokenizer, model_config = load(
-            path_or_name,
-            cache_dir,
-            device=device,
-            dtype=dtype,
-            quantization=quantization,
-            rope_scaling=rope_scaling,
-        )
+        folder = resolve(path_or_name, cache_dir)
+        model_config = ModelConfig.from_folder(folder)
+        if rope_scaling is not None:
+            model_config = model_config.with_rope_scaling(rope_scaling)
         block_size = int(engine_options.pop("block_size", 16))
         num_blocks = kv_cache_blocks(model_config, kv_cache_mib, block_size, dtype)
+        # before the weights load: a length the model or the cache cannot hold fails at once
         longest = resolve_max_model_len(model_config, max_model_len, kv_cache_mib, block_size, dtype)
+        model, tokenizer, model_config = load(
+            folder, device=device, dtype=dtype, quantization=quantization, rope_scaling=rope_scaling
+        )
         config = EngineConfig(
             num_blocks=num_blocks, block_size=block_size, max_model_len=longest, **engine_options
         )

@@ -138,22 +138,26 @@ class RopeScaling:
                 f"rope scaling: partial_rotary_factor = {partial!r} is not supported; only 1.0 (every "
                 "dimension rotated)"
             )
-        original = _number(rope, "original_max_position_embeddings", kind, None)
-        factor = _number(rope, "factor", kind, None)
-        if factor is None and kind is RopeType.YARN:  # as transformers: the ratio of the two lengths
-            factor = (max_position_embeddings or 0) / (original or max_position_embeddings or 1)
+        original = _number(rope, "original_max_position_embeddings", kind)
+        factor = _number(rope, "factor", kind)
+        if factor is None and kind is RopeType.YARN and original and max_position_embeddings:
+            factor = max_position_embeddings / original  # as transformers: the ratio of the two lengths
+        if factor is None and kind is not RopeType.DEFAULT:
+            raise UnsupportedModelError(
+                f"rope scaling {kind.value}: factor = None: expected a positive number"
+            )
         return cls(
             rope_type=kind,
-            factor=1.0 if factor is None and kind is RopeType.DEFAULT else factor,
+            factor=1.0 if factor is None else factor,
             original_max_position_embeddings=None if original is None else _whole(original, kind),
-            low_freq_factor=_number(rope, "low_freq_factor", kind, 1.0),
-            high_freq_factor=_number(rope, "high_freq_factor", kind, 4.0),
+            low_freq_factor=_number_or(rope, "low_freq_factor", kind, 1.0),
+            high_freq_factor=_number_or(rope, "high_freq_factor", kind, 4.0),
             # transformers reads these two with `or`: a null or 0 takes the default
-            beta_fast=_number(rope, "beta_fast", kind, None) or 32.0,
-            beta_slow=_number(rope, "beta_slow", kind, None) or 1.0,
-            attention_factor=_number(rope, "attention_factor", kind, None),
-            mscale=_number(rope, "mscale", kind, None),
-            mscale_all_dim=_number(rope, "mscale_all_dim", kind, None),
+            beta_fast=_number(rope, "beta_fast", kind) or 32.0,
+            beta_slow=_number(rope, "beta_slow", kind) or 1.0,
+            attention_factor=_number(rope, "attention_factor", kind),
+            mscale=_number(rope, "mscale", kind),
+            mscale_all_dim=_number(rope, "mscale_all_dim", kind),
             truncate=bool(rope.get("truncate", True)),
         )
 
@@ -239,14 +243,19 @@ def _yarn_mscale(scale: float, mscale: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _number(rope: dict[str, Any], key: str, kind: RopeType, default: float | None) -> Any:
-    """`rope[key]` as a float, `default` when absent or null; a clear error for anything but a number."""
+def _number(rope: dict[str, Any], key: str, kind: RopeType) -> float | None:
+    """`rope[key]` as a float, None when absent or null; a clear error for anything but a number."""
     raw = rope.get(key)
     if raw is None:
-        return default
+        return None
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise UnsupportedModelError(f"rope scaling {kind.value}: {key} = {raw!r}: expected a number")
     return float(raw)
+
+
+def _number_or(rope: dict[str, Any], key: str, kind: RopeType, default: float) -> float:
+    value = _number(rope, key, kind)
+    return default if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +291,11 @@ class ModelConfig:
         """Positions the model supports: max_position_embeddings, extended by its rope scaling
         (`RopeScaling.context_limit`)."""
         return self.rope_scaling.context_limit(self.max_position_embeddings)
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """KV cache bytes one token takes: a key and a value per layer and KV head, `head_dim` elements
+        of `element_size` bytes each."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
 
     def with_rope_scaling(self, scaling: RopeScaling) -> ModelConfig:
         """This model run with `scaling` instead of its config's (an explicit `--rope-scaling`)."""

@@ -199,7 +199,7 @@ def activation_bytes(config: ModelConfig, settings: PlanSettings) -> int:
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: DType) -> int:
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.torch.itemsize
+    return config.kv_bytes_per_token(dtype.torch.itemsize)
 
 
 def plan_memory(name: str, config: ModelConfig, settings: PlanSettings) -> MemoryPlan:
