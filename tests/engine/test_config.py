@@ -58,8 +58,8 @@ def test_config_is_frozen() -> None:
             "kv_disk_tier_mib = 0 with kv_disk_tier_dir",
         ),
         (
-            {"kv_host_tier_mib": 8, "enable_prefix_caching": False},
-            "keep evicted prefix-cache blocks: expected enable_prefix_caching = true",
+            {"kv_disk_tier_dir": "/tmp/kv", "enable_prefix_caching": False},
+            "keeps evicted prefix-cache blocks: expected enable_prefix_caching = true",
         ),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens = 32: expected at"),
         ({"num_blocks": 127}, "num_blocks = 127: expected at least 128"),

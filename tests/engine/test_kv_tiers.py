@@ -18,6 +18,7 @@ from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner
 from tether.engine.sampling import SamplingParams
 from tether.engine.scheduler import SchedulerOutput, SwapIn, SwapOut
+from tether.engine.sequence import Sequence
 from tether.engine.swap_cost import RateMeter
 from tether.errors import ConfigError
 from tether.kernels.kv_cache import KVCache
@@ -250,7 +251,124 @@ def test_an_unusable_disk_dir_is_refused(tiny_path: Path, tmp_path: Path) -> Non
         make_engine(tiny_path, kv_disk_tier_dir=str(blocker))
 
 
-def engine_seq(engine: LLMEngine, prompt: list[int]) -> Any:
-    from tether.engine.sequence import Sequence
-
+def engine_seq(engine: LLMEngine, prompt: list[int]) -> Sequence:
+    """A probe with `prompt`'s tokens, to look its blocks up in the engine's caches."""
     return Sequence(10_000, "probe", prompt)
+
+
+class _Shape:
+    """A cache whose 16-token blocks are 128 KiB: a 1 MiB host tier holds 8 of them."""
+
+    num_layers = 2
+    num_kv_heads = 8
+    head_dim = 64
+
+
+def test_a_full_host_tier_moves_its_oldest_blocks_to_disk_and_all_come_back_intact(tmp_path: Path) -> None:
+    config = EngineConfig(
+        num_blocks=16,
+        block_size=16,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        kv_host_tier_mib=1,
+        kv_disk_tier_dir=str(tmp_path),
+    )
+    cache = KVCache.allocate(_Shape(), 16, 16)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in (*cache.keys, *cache.values):
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    manager = BlockManager.from_config(config)
+    tiers = KVTiers(config, cache, manager, _Shape(), "fingerprint")
+    tiers.prefill_rate = RateMeter.fixed(1.0)
+    assert tiers.host is not None and tiers.host.capacity_blocks == 8 and tiers.disk is not None
+    seq = Sequence(0, "a", list(range(12 * 16 + 1)))
+    keys = manager.uncached_block_keys(seq, 0)
+    imported = manager.import_cached_blocks([], keys)  # as if the 12 blocks had been computed
+    block_ids = [imported[i] for i in range(12)]
+    original = cache.gather_blocks(block_ids)
+    filler = Sequence(1, "b", list(range(1000, 1000 + 16 * 16)))
+    manager.allocate(filler, 16 * 16)  # takes every block: the 12 are evicted
+    tiers.apply_evictions()
+    assert tiers.host.num_used == 8 and len(tiers.disk) == 4  # the host tier is full: 4 went to disk
+    manager.free(filler)
+    other = Sequence(2, "c", list(range(5000, 5000 + 4 * 16 + 1)))
+    manager.import_cached_blocks([], manager.uncached_block_keys(other, 0))
+    manager.allocate(filler, 16 * 16)  # evicts other's 4 blocks: the host's 4 oldest move to disk
+    tiers.apply_evictions()
+    assert tiers.host.num_used == 8 and len(tiers.disk) == 8
+    manager.free(filler)
+    for tensor in (*cache.keys, *cache.values):
+        tensor.zero_()
+    tiers.promote([seq])
+    restored = manager.find_cached_prefix(seq)
+    assert len(restored) == 12
+    assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
+    stats = tiers.stats(0, 0, 0, 0)
+    assert (stats.host_hit_tokens, stats.disk_hit_tokens) == (4 * 16, 8 * 16)
+
+
+class _SmallShape:
+    num_layers = 2
+    num_kv_heads = 1
+    head_dim = 8
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_long_prefix_comes_back_in_one_batched_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tier: str
+) -> None:
+    blocks = 1100  # a 17,600-token prefix of 16-token blocks
+    config = EngineConfig(
+        num_blocks=2 * blocks,
+        block_size=16,
+        max_num_batched_tokens=512,
+        max_model_len=16 * blocks + 16,
+        kv_host_tier_mib=8 if tier == "host" else 0,
+        kv_disk_tier_dir=str(tmp_path) if tier == "disk" else None,
+    )
+    cache = KVCache.allocate(_SmallShape(), 2 * blocks, 16)
+    manager = BlockManager.from_config(config)
+    tiers = KVTiers(config, cache, manager, _SmallShape(), "fingerprint")
+    tiers.prefill_rate = RateMeter.fixed(1.0)
+    seq = Sequence(0, "long", list(range(16 * blocks + 1)))
+    manager.allocate(seq, seq.num_tokens)  # computed as a prefill would
+    seq.num_computed_tokens = seq.num_tokens
+    for tensor in (*cache.keys, *cache.values):
+        tensor.normal_()
+    manager.cache_full_blocks(seq)
+    original = cache.gather_blocks(seq.block_table[:blocks])
+    tiers.persist_new_blocks()  # written through to the disk tier, if any
+    manager.free(seq)
+    seq.num_computed_tokens = 0
+    filler = Sequence(1, "filler", list(range(10**6, 10**6 + 16 * 2 * blocks)))
+    manager.allocate(filler, 16 * 2 * blocks)  # evicts the whole prefix
+    tiers.apply_evictions()
+    manager.free(filler)
+    scatters: list[int] = []
+    scatter = KVCache.scatter_blocks
+
+    def counting(self: KVCache, block_ids: list[int], data: list[torch.Tensor]) -> None:
+        scatters.append(len(block_ids))
+        scatter(self, block_ids, data)
+
+    monkeypatch.setattr(KVCache, "scatter_blocks", counting)
+    tiers.promote([seq])
+    assert scatters == [blocks]  # one index_copy_ per layer tensor for all the blocks
+    restored = manager.find_cached_prefix(seq)
+    assert all(torch.equal(a, b) for a, b in zip(original, cache.gather_blocks(restored), strict=True))
+
+
+def test_a_failing_disk_write_costs_the_block_not_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether.engine.kv_disk import DiskBlockStore
+
+    disk = DiskBlockStore(tmp_path, "fingerprint", 2**20, (4, 4, 2, 32), torch.float32)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("tether.engine.kv_disk.os.replace", full)
+    assert disk.write(b"k" * 16, (1, 2, 3, 4), torch.zeros(4, 4, 2, 32)) == 0
+    assert b"k" * 16 not in disk and disk.used_bytes == 0
+    assert list(disk.directory.iterdir()) == []  # no temporary left behind

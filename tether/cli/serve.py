@@ -59,6 +59,31 @@ def serve_command(
     max_pending_requests: Annotated[
         int, typer.Option(help="Unfinished requests accepted before new ones get HTTP 503.", min=1)
     ] = 1024,
+    kv_host_mib: Annotated[
+        int,
+        typer.Option(
+            help="Host memory (MiB) for KV blocks evicted from the device's prefix cache and for swapped-out "
+            "sequences; 0: none.",
+            min=0,
+        ),
+    ] = 0,
+    kv_disk_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of the disk KV tier: evicted prefix blocks, kept across restarts (per model).",
+            file_okay=False,
+        ),
+    ] = None,
+    kv_disk_mib: Annotated[
+        int, typer.Option(help="Most disk space of the disk KV tier, in MiB.", min=1)
+    ] = 4096,
+    preemption_mode: Annotated[
+        str,
+        typer.Option(
+            help="What a preempted sequence's KV becomes: recompute (dropped), swap (to the host tier) or "
+            "auto (whichever the measured cost model says is cheaper); swap and auto need --kv-host-mib."
+        ),
+    ] = "recompute",
     device: DeviceOption = "auto",
     dtype: DTypeOption = "float32",
     cache_dir: CacheDirOption = None,
@@ -67,11 +92,12 @@ def serve_command(
     from tether.models.config import RopeScaling
     from tether.models.loader import resolve
     from tether.models.precision import DType, resolve_device
-    from tether.serving.launcher import listen, serve
+    from tether.serving.launcher import kv_tier_options, listen, serve
 
     with user_errors():
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
         rope = None if rope_scaling is None else RopeScaling.parse(rope_scaling)
+        tiers = kv_tier_options(kv_host_mib, kv_disk_dir, kv_disk_mib, preemption_mode)
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
         with err_console.status(f"loading {model}") as status:
             folder = resolve(
@@ -99,4 +125,5 @@ def serve_command(
             attention_block_tokens=attention_block_tokens,
             blockwise_min_context=blockwise_min_context,
             listener=listener,
+            **tiers,
         )

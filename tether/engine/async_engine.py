@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tether.engine.block_manager import BlockManagerStats
+from tether.engine.kv_tiers import KVTierStats
 from tether.engine.llm_engine import Completion, LLMEngine, RequestOutput
 from tether.engine.model_runner import WeightUpdateError
 from tether.engine.sampling import SamplingParams
@@ -103,6 +104,8 @@ class EngineStats:
     weights: WeightUpdateStats | None = None
     torch_threads: int = 0
     thread_changes: int = 0
+    tiers: KVTierStats | None = None
+    """Prefix KV found per tier, bytes moved between tiers, recomputed tokens, preemptions by mode."""
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -178,7 +181,9 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, config: AsyncEngineConfig | None = None) -> None:
         self.engine = engine
         self.config = config or AsyncEngineConfig()
-        self.stats = EngineStats(blocks=engine.block_manager.stats(), weights=engine.weight_stats)
+        self.stats = EngineStats(
+            blocks=engine.block_manager.stats(), weights=engine.weight_stats, tiers=engine.tier_stats()
+        )
         self.error: BaseException | None = None
         """Why the loop stopped, if it failed."""
         self._inbox: queue.SimpleQueue[_Submission | _Abort | _Update | None] = queue.SimpleQueue()
@@ -383,6 +388,7 @@ class AsyncEngine:
             weights=self.engine.weight_stats,
             torch_threads=torch.get_num_threads(),  # the engine thread's own count
             thread_changes=governor.changes if governor is not None else 0,
+            tiers=self.engine.tier_stats(),
         )
 
     def _fail_all(self, error: BaseException) -> None:

@@ -130,9 +130,10 @@ class EngineConfig:
                 f"engine: preemption_mode = {mode.value!r} swaps KV to the host tier: expected "
                 "kv_host_tier_mib of at least 1 (or preemption_mode 'recompute')"
             )
-        if (self.kv_host_tier_mib or directory is not None) and not self.enable_prefix_caching:
+        if directory is not None and not self.enable_prefix_caching:
+            # (A host tier without prefix caching is still swap space.)
             raise ConfigError(
-                "engine: kv_host_tier_mib / kv_disk_tier_dir keep evicted prefix-cache blocks: expected "
+                f"engine: kv_disk_tier_dir = {directory!r} keeps evicted prefix-cache blocks: expected "
                 "enable_prefix_caching = true"
             )
 

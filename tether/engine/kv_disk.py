@@ -8,26 +8,32 @@ then V). A read checks all of it: a corrupt, truncated or foreign file is a miss
 wrong KV. Writes go to a temporary file renamed into place, so a reader sees a whole file or none; there
 is no fsync: a file torn by a power loss fails its checksum and reads as a miss. The folder is bounded by
 `capacity_bytes`, least recently used files deleted first (the order survives restarts through the files'
-modification times). Not safe for two engines writing the same folder at once.
+modification times). A write that fails (disk full, read-only) is logged and skipped. Not safe for two
+engines writing the same folder at once (each keeps its own index and budget; a file the other deleted
+is a miss).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from tether.block_hash import BlockHash
 from tether.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 MAGIC = b"TETHERKV1\n"
 SUFFIX = ".kv"
 _HEADER_LENGTH = struct.Struct("<I")
@@ -93,7 +99,7 @@ class DiskBlockStore:
             self._files.move_to_end(block_hash)
             return 0
         assert tuple(payload.shape) == self.block_shape and payload.dtype == self.dtype
-        data = payload.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        data: Any = payload.contiguous().reshape(-1).view(torch.uint8).numpy()
         header = json.dumps(
             {
                 "token_ids": list(token_ids),
@@ -102,56 +108,61 @@ class DiskBlockStore:
                 "crc32": zlib.crc32(data),
             }
         ).encode()
-        blob = MAGIC + _HEADER_LENGTH.pack(len(header)) + header + data
-        self._make_room(len(blob))
+        size = len(MAGIC) + _HEADER_LENGTH.size + len(header) + self.payload_bytes
+        self._make_room(size)
         path = self._path(block_hash)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(blob)
-        os.replace(temporary, path)
-        self._files[block_hash] = len(blob)
-        self.used_bytes += len(blob)
-        return len(blob)
-
-    def read(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> torch.Tensor | None:
-        """The block's payload if its file is there and whole and holds these tokens; else None (and a
-        bad file is deleted)."""
-        if block_hash not in self._files:
-            return None
-        path = self._path(block_hash)
         try:
-            blob = path.read_bytes()
-        except OSError:
+            with temporary.open("wb") as file:
+                file.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
+                file.write(data)
+            os.replace(temporary, path)
+        except OSError as error:  # a full or read-only disk costs the tier this block, not the engine
+            temporary.unlink(missing_ok=True)
+            logger.warning("KV disk tier: cannot write %s: %s", path, error)
+            return 0
+        self._files[block_hash] = size
+        self.used_bytes += size
+        return size
+
+    def read_into(self, block_hash: BlockHash, token_ids: tuple[int, ...], out: torch.Tensor) -> bool:
+        """Read the block's payload into `out` (contiguous, `block_shape`, on the CPU) if its file is
+        there, whole and holds these tokens; else False (and a bad file is deleted)."""
+        if block_hash not in self._files:
+            return False
+        assert tuple(out.shape) == self.block_shape and out.dtype == self.dtype and out.is_contiguous()
+        path = self._path(block_hash)
+        buffer = out.reshape(-1).view(torch.uint8).numpy()
+        try:
+            with path.open("rb") as file:
+                whole = self._read_checked(file, token_ids, buffer)
+        except (OSError, ValueError):
+            whole = False
+        if not whole:
             self._forget(block_hash)
-            return None
-        payload = self._verified_payload(blob, token_ids)
-        if payload is None:
-            self._forget(block_hash)
-            return None
+            return False
         self._files.move_to_end(block_hash)
         with contextlib.suppress(OSError):
             os.utime(path)  # the LRU order a restarted engine reads back
-        return payload
+        return True
 
-    def _verified_payload(self, blob: bytes, token_ids: tuple[int, ...]) -> torch.Tensor | None:
-        start = len(MAGIC) + _HEADER_LENGTH.size
-        if len(blob) < start or not blob.startswith(MAGIC):
-            return None
-        (header_length,) = _HEADER_LENGTH.unpack_from(blob, len(MAGIC))
-        try:
-            header = json.loads(blob[start : start + header_length])
-        except ValueError:
-            return None
-        data = memoryview(blob)[start + header_length :]
+    def _read_checked(self, file: io.BufferedReader, token_ids: tuple[int, ...], buffer: Any) -> bool:
+        """Header, payload (read straight into `buffer`) and checksum of an open block file all match."""
+        start = file.read(len(MAGIC) + _HEADER_LENGTH.size)
+        if len(start) != len(MAGIC) + _HEADER_LENGTH.size or not start.startswith(MAGIC):
+            return False
+        (header_length,) = _HEADER_LENGTH.unpack_from(start, len(MAGIC))
+        header = json.loads(file.read(header_length))  # a ValueError if torn
         if (
             not isinstance(header, dict)
             or header.get("token_ids") != list(token_ids)
             or header.get("dtype") != str(self.dtype)
             or header.get("shape") != list(self.block_shape)
-            or len(data) != self.payload_bytes
-            or header.get("crc32") != zlib.crc32(data)
         ):
-            return None
-        return torch.frombuffer(bytearray(data), dtype=self.dtype).reshape(self.block_shape)
+            return False
+        if file.readinto(buffer) != self.payload_bytes or file.read(1):
+            return False
+        return bool(header.get("crc32") == zlib.crc32(buffer))
 
     def _path(self, block_hash: BlockHash) -> Path:
         return self.directory / f"{block_hash.hex()}{SUFFIX}"

@@ -9,12 +9,16 @@ as the engine runs); the admission then finds them in the prefix cache. The host
 of sequences preempted by swapping, which is never evicted. Copies are batched: one index_select /
 index_copy_ per layer tensor for all the blocks of a step. Drives the model runner's KV cache; knows
 nothing about scheduling policy beyond the `SchedulerOutput` it applies.
+
+The disk tier is written through: every block a step adds to the prefix cache is written after the step
+(synchronously, in the engine loop), so a restarted engine finds what the last one computed even after a
+crash. A weight update empties the host tier and moves the disk tier to the new weights' folder, which
+costs one hash of the weights.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +29,8 @@ from tether.block_hash import BlockHash
 from tether.engine.block_manager import BlockManager, CachedBlock
 from tether.engine.config import EngineConfig, PreemptionMode
 from tether.engine.kv_disk import DiskBlockStore, model_fingerprint
-from tether.engine.scheduler import SchedulerOutput
+from tether.engine.kv_host import BlockKey, HostBlockPool
+from tether.engine.scheduler import Scheduler, SchedulerOutput
 from tether.engine.sequence import Sequence, SequenceStatus
 from tether.engine.swap_cost import (
     PRIOR_BYTES_PER_S,
@@ -39,7 +44,6 @@ from tether.engine.swap_cost import (
 from tether.errors import ConfigError
 from tether.kernels.kv_cache import KVCache
 
-BlockKey = tuple[BlockHash, tuple[int, ...]]
 MIN_MEASURED_PREFILL_TOKENS = 16
 
 
@@ -84,76 +88,6 @@ _COUNTERS = (
     "disk_bytes_out",
     "recomputed_tokens",
 )
-
-
-class HostBlockPool:
-    """Block slots in host memory: prefix blocks in LRU order (evictable) and swapped sequences' blocks."""
-
-    def __init__(self, capacity_blocks: int, cache: KVCache, pin: bool) -> None:
-        shape = (capacity_blocks, *cache.keys[0].shape[1:])
-        dtype = cache.keys[0].dtype
-        self.tensors = [torch.empty(shape, dtype=dtype, pin_memory=pin) for _ in range(2 * cache.num_layers)]
-        """Per layer K then V, as `KVCache.gather_blocks` orders them."""
-        self.capacity_blocks = capacity_blocks
-        self._free = list(range(capacity_blocks))
-        self._prefix: OrderedDict[BlockHash, tuple[int, tuple[int, ...]]] = OrderedDict()
-        self._swaps: dict[int, list[int]] = {}
-        self._reserved: dict[int, int] = {}  # seq_id -> slots promised to a swap-out not yet performed
-
-    @property
-    def num_used(self) -> int:
-        return self.capacity_blocks - len(self._free)
-
-    @property
-    def room(self) -> int:
-        """Slots a new swap-out can still have (evicting prefix blocks)."""
-        return len(self._free) + len(self._prefix) - sum(self._reserved.values())
-
-    def find(self, key: BlockKey) -> int | None:
-        entry = self._prefix.get(key[0])
-        if entry is None or entry[1] != key[1]:
-            return None
-        self._prefix.move_to_end(key[0])
-        return entry[0]
-
-    def take(self, count: int) -> tuple[list[int], list[tuple[BlockKey, int]]]:
-        """`count` slots, evicting least recently used prefix blocks: returns the slots and the evicted
-        blocks (key, slot), whose KV must be read (for the disk tier) before the slots are written."""
-        assert count <= len(self._free) + len(self._prefix)
-        slots = self._free[:count]
-        del self._free[:count]
-        evicted = []
-        while len(slots) < count:
-            block_hash, (slot, token_ids) = self._prefix.popitem(last=False)
-            evicted.append(((block_hash, token_ids), slot))
-            slots.append(slot)
-        return slots, evicted
-
-    def add_prefix(self, key: BlockKey, slot: int) -> None:
-        self._prefix[key[0]] = (slot, key[1])
-
-    def reserve(self, seq_id: int, count: int) -> bool:
-        if count > self.room:
-            return False
-        self._reserved[seq_id] = count
-        return True
-
-    def hold_swap(self, seq_id: int) -> tuple[list[int], list[tuple[BlockKey, int]]]:
-        slots, evicted = self.take(self._reserved.pop(seq_id))
-        self._swaps[seq_id] = slots
-        return slots, evicted
-
-    def release_swap(self, seq_id: int) -> list[int]:
-        slots = self._swaps.pop(seq_id, [])
-        self._reserved.pop(seq_id, None)
-        self._free.extend(slots)
-        return slots
-
-    def clear(self) -> None:
-        self._free = list(range(self.capacity_blocks))
-        self._prefix.clear()
-        self._swaps.clear()
-        self._reserved.clear()
 
 
 class KVTiers:
@@ -215,9 +149,8 @@ class KVTiers:
         self.host_rate = RateMeter(PRIOR_BYTES_PER_S[Tier.HOST])
         self.disk_rate = RateMeter(PRIOR_BYTES_PER_S[Tier.DISK])
         self._counts = dict.fromkeys(_COUNTERS, 0)
-        self._looked: set[tuple[int, int]] = (
-            set()
-        )  # (seq_id, preemptions) whose lower-tier prefix was decided
+        # (seq_id, preemptions) of the waiting sequences whose lower-tier prefix was already decided
+        self._looked: set[tuple[int, int]] = set()
 
     @property
     def rates(self) -> Rates:
@@ -269,9 +202,10 @@ class KVTiers:
             if not self._restore(device, found):
                 break  # the device is full: later sequences would evict these blocks
 
-    def _locate(self, keys: list[BlockKey]) -> list[tuple[Tier, BlockKey, int | torch.Tensor | None]]:
-        """The leading keys found in some tier: (tier, key, host slot or disk payload or None)."""
-        found: list[tuple[Tier, BlockKey, int | torch.Tensor | None]] = []
+    def _locate(self, keys: list[BlockKey]) -> list[tuple[Tier, BlockKey, int | None]]:
+        """The leading keys found in some tier: (tier, key, host slot or None). Disk blocks are only
+        looked up in the store's index here; `_read_disk` reads and checks them."""
+        found: list[tuple[Tier, BlockKey, int | None]] = []
         for key in keys:
             if self.block_manager.cached_block_id(key[0]) is not None:
                 found.append((Tier.DEVICE, key, None))
@@ -279,49 +213,65 @@ class KVTiers:
             slot = None if self.host is None else self.host.find(key)
             if slot is not None:
                 found.append((Tier.HOST, key, slot))
-                continue
-            if self.disk is None or key[0] not in self.disk:
+            elif self.disk is not None and key[0] in self.disk:
+                found.append((Tier.DISK, key, None))
+            else:
                 break
-            started = time.perf_counter()
-            payload = self.disk.read(*key)
-            if payload is None:
-                break  # corrupt or truncated: a miss
-            self.disk_rate.observe(self.disk.payload_bytes, time.perf_counter() - started)
-            self._counts["disk_bytes_in"] += self.disk.payload_bytes
-            found.append((Tier.DISK, key, payload))
         while found and found[-1][0] is Tier.DEVICE:
             found.pop()
         return found
 
-    def _restore(
-        self, device: list[int], found: list[tuple[Tier, BlockKey, int | torch.Tensor | None]]
-    ) -> bool:
+    def _read_disk(
+        self, found: list[tuple[Tier, BlockKey, int | None]]
+    ) -> tuple[list[tuple[Tier, BlockKey, int | None]], torch.Tensor]:
+        """Read the found disk blocks, in order, straight into one staging tensor [blocks, *block_shape];
+        the chain ends before the first block whose file is damaged or gone (a miss)."""
+        disk = self.disk
+        rows = [i for i, (tier, _, _) in enumerate(found) if tier is Tier.DISK]
+        if disk is None or not rows:
+            return found, torch.empty(0)
+        staging = torch.empty((len(rows), *disk.block_shape), dtype=disk.dtype)
+        started = time.perf_counter()
+        for row, index in enumerate(rows):
+            if not disk.read_into(*found[index][1], staging[row]):
+                found, staging = found[:index], staging[:row]
+                break
+        self.disk_rate.observe(len(staging) * disk.payload_bytes, time.perf_counter() - started)
+        self._counts["disk_bytes_in"] += len(staging) * disk.payload_bytes
+        return found, staging
+
+    def _restore(self, device: list[int], found: list[tuple[Tier, BlockKey, int | None]]) -> bool:
         """Copy the found lower-tier blocks into fresh device blocks; False if not all fitted."""
+        found, staging = self._read_disk(found)
         keep = list(device)
         for tier, key, _ in found:
             block_id = self.block_manager.cached_block_id(key[0]) if tier is Tier.DEVICE else None
             if block_id is not None:
                 keep.append(block_id)
-        wanted = [(key, where) for tier, key, where in found if tier is not Tier.DEVICE]
-        imported = self.block_manager.import_cached_blocks(keep, [key for key, _ in wanted])
-        self.apply_evictions()  # the blocks just taken may hold evicted KV still to keep
-        host_ids, host_slots, disk_ids, disk_payloads = [], [], [], []
+        wanted = [(tier, key, slot) for tier, key, slot in found if tier is not Tier.DEVICE]
+        disk_rows: dict[BlockHash, int] = {}
+        for tier, key, _ in wanted:
+            if tier is Tier.DISK:
+                disk_rows[key[0]] = len(disk_rows)
+        imported = self.block_manager.import_cached_blocks(keep, [key for _, key, _ in wanted])
+        host_ids, host_slots, disk_ids, rows = [], [], [], []
         for index, block_id in imported.items():
-            where = wanted[index][1]
-            if isinstance(where, int):
+            tier, key, slot = wanted[index]
+            if slot is not None:
                 host_ids.append(block_id)
-                host_slots.append(where)
+                host_slots.append(slot)
             else:
-                assert where is not None
                 disk_ids.append(block_id)
-                disk_payloads.append(where)
-        if host_ids and self.host is not None:
-            blocks = self._from_host(host_slots)
-            self._to_device(host_ids, blocks, Tier.HOST)
+                rows.append(disk_rows[key[0]])
+        # Read the host slots before offloading the blocks the import evicted: that may reuse them.
+        from_host = self._from_host(host_slots) if host_ids else []
+        self.apply_evictions()  # the blocks just taken hold evicted KV still to keep
+        if host_ids:
+            self._to_device(host_ids, from_host, Tier.HOST)
             self._counts["host_hit_tokens"] += len(host_ids) * self.config.block_size
         if disk_ids:
-            stacked = torch.stack(disk_payloads, dim=1)  # [2 * layers, blocks, block_size, heads, dim]
-            self._to_device(disk_ids, list(stacked.unbind(0)), Tier.DISK)
+            picked = staging if len(rows) == len(staging) else staging[torch.tensor(rows)]
+            self._to_device(disk_ids, list(picked.unbind(1)), Tier.DISK)
             self._counts["disk_hit_tokens"] += len(disk_ids) * self.config.block_size
         return len(imported) == len(wanted)
 
@@ -387,14 +337,16 @@ class KVTiers:
             )
 
     def stats(
-        self, device_hit_tokens: int, swaps: int, recompute_preemptions: int, dropped_tokens: int
+        self, device_hits: int, swaps: int, recompute_preemptions: int, dropped_tokens: int
     ) -> KVTierStats:
+        """The counters, with the scheduler's preemptions and dropped tokens and the block manager's
+        prefix hits (`device_hits` tokens, of which the restored ones are the tiers')."""
         counts = dict(self._counts)
         counts["recomputed_tokens"] += dropped_tokens
         restored = counts["host_hit_tokens"] + counts["disk_hit_tokens"]
         return KVTierStats(
             **counts,
-            device_hit_tokens=max(0, device_hit_tokens - restored),
+            device_hit_tokens=max(0, device_hits - restored),
             swap_preemptions=swaps,
             recompute_preemptions=recompute_preemptions,
             host_blocks=0 if self.host is None else self.host.num_used,
@@ -434,18 +386,42 @@ class KVTiers:
 
     def _demote(self, evicted: list[tuple[BlockKey, int]]) -> None:
         """Write prefix blocks leaving the host tier to the disk tier (before their slots are reused)."""
-        if self.disk is None or not evicted or self.host is None:
+        if self.disk is None or self.host is None or not evicted:
             return
-        for (block_hash, token_ids), slot in evicted:
-            payload = torch.stack([t[slot] for t in self.host.tensors])
-            self._counts["disk_bytes_out"] += self.disk.write(block_hash, token_ids, payload)
+        fresh = [(key, slot) for key, slot in evicted if key[0] not in self.disk]
+        if fresh:
+            payloads = _per_block(self.host.tensors, [slot for _, slot in fresh])
+            for (key, _), payload in zip(fresh, payloads, strict=True):
+                self._counts["disk_bytes_out"] += self.disk.write(*key, payload)
 
-    def _write_to_disk(self, evicted: list[CachedBlock]) -> None:
-        if self.disk is None or not evicted:
+    def _write_to_disk(self, blocks: list[CachedBlock]) -> None:
+        if self.disk is None or not blocks:
             return
-        fresh = [e for e in evicted if e.hash not in self.disk]
-        if not fresh:
-            return
-        blocks = torch.stack([t.cpu() for t in self.cache.gather_blocks([e.block_id for e in fresh])], dim=1)
-        for block, payload in zip(fresh, blocks.unbind(0), strict=True):
-            self._counts["disk_bytes_out"] += self.disk.write(block.hash, block.token_ids, payload)
+        fresh = [b for b in blocks if b.hash not in self.disk]
+        if fresh:
+            payloads = _per_block([*self.cache.keys, *self.cache.values], [b.block_id for b in fresh])
+            for block, payload in zip(fresh, payloads, strict=True):
+                self._counts["disk_bytes_out"] += self.disk.write(block.hash, block.token_ids, payload)
+
+
+def tier_stats(tiers: KVTiers | None, scheduler: Scheduler, device_hits: int) -> KVTierStats:
+    """An engine's tier counters, also without tiers (then only device hits and recomputation)."""
+    swaps = scheduler.num_swap_preemptions
+    recompute_preemptions = scheduler.num_preemptions - swaps
+    if tiers is None:
+        return KVTierStats(
+            device_hit_tokens=device_hits,
+            recomputed_tokens=scheduler.num_recomputed_tokens,
+            recompute_preemptions=recompute_preemptions,
+        )
+    return tiers.stats(device_hits, swaps, recompute_preemptions, scheduler.num_recomputed_tokens)
+
+
+def _per_block(tensors: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
+    """The blocks of per-layer K/V tensors (any device) as one CPU tensor [blocks, tensors, *block]:
+    each block's payload contiguous, as the disk tier stores it; one gather per tensor."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+    out = torch.empty((len(block_ids), len(tensors), *tensors[0].shape[1:]), dtype=tensors[0].dtype)
+    for i, tensor in enumerate(tensors):
+        out[:, i] = tensor.index_select(0, index).cpu()
+    return out

@@ -26,7 +26,7 @@ from tether.engine.block_manager import BlockManager
 from tether.engine.config import EngineConfig
 from tether.engine.context_limits import kv_cache_blocks, resolve_max_model_len
 from tether.engine.grammar import GrammarCompiler, TokenMasks, compile_grammar
-from tether.engine.kv_tiers import KVTiers, KVTierStats
+from tether.engine.kv_tiers import KVTiers, KVTierStats, tier_stats
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.request import Completion, EngineRequest, RequestOutput, sample_seeds
 from tether.engine.sampling import SamplingParams, sample_rows, top_alternatives
@@ -441,20 +441,7 @@ class LLMEngine:
 
     def tier_stats(self) -> KVTierStats:
         """Where prefix KV was found, what moved between tiers and what was computed again."""
-        scheduler = self.scheduler
-        recompute_preemptions = scheduler.num_preemptions - scheduler.num_swap_preemptions
-        if self.tiers is None:
-            return KVTierStats(
-                device_hit_tokens=self.block_manager.stats().prefix_cache_hits,
-                recomputed_tokens=scheduler.num_recomputed_tokens,
-                recompute_preemptions=recompute_preemptions,
-            )
-        return self.tiers.stats(
-            self.block_manager.stats().prefix_cache_hits,
-            scheduler.num_swap_preemptions,
-            recompute_preemptions,
-            scheduler.num_recomputed_tokens,
-        )
+        return tier_stats(self.tiers, self.scheduler, self.block_manager.stats().prefix_cache_hits)
 
     @property
     def weight_stats(self) -> WeightUpdateStats:

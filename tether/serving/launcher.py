@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
+from tether.engine.config import EngineConfig
 from tether.errors import ConfigError
 from tether.models.config import RopeScaling
 from tether.serving.app import create_app
@@ -34,6 +35,33 @@ def listen(host: str, port: int) -> socket.socket:
         reason = "the port is already in use" if error.errno == errno.EADDRINUSE else error.strerror
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}; pass another --port") from None
     return sock
+
+
+def kv_tier_options(
+    host_mib: int, disk_dir: Path | None, disk_mib: int, preemption_mode: str
+) -> dict[str, Any]:
+    """The engine options of `tether serve`'s KV tier flags, checked as the engine will check them (so
+    a bad combination fails before a model loads)."""
+    options: dict[str, Any] = {
+        "kv_host_tier_mib": host_mib,
+        "kv_disk_tier_dir": None if disk_dir is None else str(disk_dir),
+        "kv_disk_tier_mib": disk_mib,
+        "preemption_mode": preemption_mode,
+    }
+    flags = {
+        "kv_host_tier_mib": "--kv-host-mib",
+        "kv_disk_tier_dir": "--kv-disk-dir",
+        "kv_disk_tier_mib": "--kv-disk-mib",
+        "preemption_mode": "--preemption-mode",
+    }
+    try:
+        EngineConfig(num_blocks=1, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=1, **options)
+    except ConfigError as error:
+        message = str(error).removeprefix("engine: ")
+        for field, flag in flags.items():
+            message = message.replace(field, flag)
+        raise ConfigError(message) from None
+    return options
 
 
 def serve(

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tether.engine.async_engine import AsyncEngine
+from tether.engine.kv_tiers import KVTierStats
 
 
 class RequestStatus(Enum):
@@ -93,6 +94,59 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(name, documentation, value=value)
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=value)
+        if stats.tiers is not None:
+            yield from _tier_metrics(stats.tiers)
+
+
+def _tier_metrics(tiers: KVTierStats) -> Iterator[Metric]:
+    """The KV tiers' counters (`engine/kv_tiers.py`), labelled by tier, direction and preemption mode."""
+    hits = CounterMetricFamily(
+        "tether_engine_kv_tier_hits",
+        "Prompt tokens whose KV was found in a tier instead of computed (device: already in the cache).",
+        labels=["tier"],
+    )
+    for tier, value in (
+        ("device", tiers.device_hit_tokens),
+        ("host", tiers.host_hit_tokens),
+        ("disk", tiers.disk_hit_tokens),
+    ):
+        hits.add_metric([tier], value)
+    moved = CounterMetricFamily(
+        "tether_engine_kv_tier_bytes",
+        "KV bytes moved into the device from a tier (in) and out of the device to a tier (out).",
+        labels=["tier", "direction"],
+    )
+    for tier, direction, value in (
+        ("host", "in", tiers.host_bytes_in),
+        ("host", "out", tiers.host_bytes_out),
+        ("disk", "in", tiers.disk_bytes_in),
+        ("disk", "out", tiers.disk_bytes_out),
+    ):
+        moved.add_metric([tier, direction], value)
+    preemptions = CounterMetricFamily(
+        "tether_engine_preemptions", "Preemptions by what happened to the KV.", labels=["mode"]
+    )
+    preemptions.add_metric(["swap"], tiers.swap_preemptions)
+    preemptions.add_metric(["recompute"], tiers.recompute_preemptions)
+    yield hits
+    yield moved
+    yield CounterMetricFamily(
+        "tether_engine_recomputed_tokens",
+        "Tokens computed again although their KV had been computed (dropped, or cheaper to recompute).",
+        value=tiers.recomputed_tokens,
+    )
+    yield preemptions
+    yield GaugeMetricFamily(
+        "tether_engine_kv_host_tier_blocks", "KV blocks held in the host tier.", value=tiers.host_blocks
+    )
+    yield GaugeMetricFamily(
+        "tether_engine_kv_disk_tier_blocks", "KV blocks held in the disk tier.", value=tiers.disk_blocks
+    )
+    yield GaugeMetricFamily(
+        "tether_engine_prefill_tokens_per_second",
+        "Prefill rate the swap/restore cost model uses now (measured).",
+        value=tiers.prefill_tokens_per_s,
+    )
 
 
 @dataclass(slots=True)
