@@ -65,6 +65,23 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.view(tokens, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3)
 
 
+def _ungrouped(attended: torch.Tensor, kv_heads: int, group: int) -> torch.Tensor:
+    """[kv_heads, group * Q, d] back as [Q, heads, d] (`_grouped`'s inverse)."""
+    dim = attended.shape[-1]
+    rows = attended.shape[1] // group
+    return attended.view(kv_heads, group, rows, dim).permute(2, 0, 1, 3).reshape(rows, kv_heads * group, dim)
+
+
+def _gather(
+    cache: torch.Tensor, table: torch.Tensor, offset: int, first: int, end: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The cache rows of positions first .. end - 1 ([end - first, kv_heads, d] in `dtype`), `first` a
+    multiple of the block size, from the blocks `table` names (its first row is position `offset`)."""
+    block_size = cache.shape[1]
+    blocks = table[(first - offset) // block_size : (end - offset - 1) // block_size + 1]
+    return cache[blocks].flatten(0, 1)[: end - first].to(dtype)
+
+
 def _mask(scores: torch.Tensor, first_query: int, first_key: int, window: int | None) -> torch.Tensor:
     """Scores [kv_heads, group, Qt, Kt] with the keys a query must not see set to -inf, in place, where
     some are: later keys (causal) and keys before the query's window."""
@@ -118,9 +135,8 @@ def blockwise_attention(
         first_key = _first_visible(first_query, window) // block_size * block_size
         for key_start in range(first_key, last_query + 1, block_tokens):
             key_end = min(key_start + block_tokens, last_query + 1)
-            blocks = table[(key_start - offset) // block_size : (key_end - offset - 1) // block_size + 1]
-            keys = key_cache[blocks].flatten(0, 1)[: key_end - key_start].to(q.dtype)  # [Kt, kv_heads, d]
-            values = value_cache[blocks].flatten(0, 1)[: key_end - key_start].to(q.dtype)
+            keys = _gather(key_cache, table, offset, key_start, key_end, q.dtype)  # [Kt, kv_heads, d]
+            values = _gather(value_cache, table, offset, key_start, key_end, q.dtype)
             scores = torch.bmm(flat, keys.permute(1, 2, 0)).float()  # [kv_heads, g * Qt, Kt]
             scores = _mask(scores.view(kv_heads, group, rows, -1), first_query, key_start, window)
             scores = scores.view(kv_heads, group * rows, -1)
@@ -136,8 +152,7 @@ def blockwise_attention(
             else:
                 acc.add_(torch.bmm(weights.to(values.dtype), values.transpose(0, 1)))
             top = new_top
-        attended = acc.div_(total).view(kv_heads, group, rows, dim).permute(2, 0, 1, 3)
-        out[a : a + rows] = attended.reshape(rows, heads, dim).to(q.dtype)
+        out[a : a + rows] = _ungrouped(acc.div_(total), kv_heads, group).to(q.dtype)
     return out
 
 
@@ -158,17 +173,11 @@ def full_attention(
     group = heads // kv_heads
     first_key = _first_visible(start, window) // block_size * block_size
     end = start + tokens
-    blocks = table[(first_key - offset) // block_size : (end - offset - 1) // block_size + 1]
-    keys = key_cache[blocks].flatten(0, 1)[: end - first_key].to(q.dtype)
-    values = value_cache[blocks].flatten(0, 1)[: end - first_key].to(q.dtype)
+    keys = _gather(key_cache, table, offset, first_key, end, q.dtype)
+    values = _gather(value_cache, table, offset, first_key, end, q.dtype)
     flat = _grouped(q, kv_heads).reshape(kv_heads, group * tokens, dim)
     scores = torch.bmm(flat, keys.permute(1, 2, 0)).float() * scale
     scores = _mask(scores.view(kv_heads, group, tokens, -1), start, first_key, window)
     weights = torch.softmax(scores.view(kv_heads, group * tokens, -1), dim=-1)
     attended = torch.bmm(weights.to(values.dtype), values.transpose(0, 1)).float()
-    return (
-        attended.view(kv_heads, group, tokens, dim)
-        .permute(2, 0, 1, 3)
-        .reshape(tokens, heads, dim)
-        .to(q.dtype)
-    )
+    return _ungrouped(attended, kv_heads, group).to(q.dtype)
