@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tether.chat import Usage
-from tether.gateway.config import Tier
+from tether.chat.pricing import Tier
 from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.writer import LedgerWriter

@@ -14,10 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tether.chat import Usage
+from tether.chat.pricing import Tier
 from tether.cli.gateway import parse_since
 from tether.cli.main import app
 from tether.errors import ConfigError
-from tether.gateway.config import GatewayConfig, Tier
+from tether.gateway.config import GatewayConfig
 from tether.gateway.ledger import Charge
 from tether.gateway.runtime import open_stores
 

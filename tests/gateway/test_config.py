@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tether.chat.pricing import Tier
 from tether.errors import ConfigError
-from tether.gateway.config import Tier, load_gateway_config, parse_gateway_config
+from tether.gateway.config import load_gateway_config, parse_gateway_config
 
 TOML = """
 ledger_url = "postgresql://postgres@127.0.0.1:5432/test"

@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 from tether.chat import Usage
+from tether.chat.pricing import Tier
 from tether.errors import ConfigError
-from tether.gateway.config import Limits, Tier
+from tether.gateway.config import Limits
 from tether.gateway.keys import KeyStore, UnknownKey, hash_key
 from tether.gateway.ledger import Charge, Ledger, RecentUsage, Reservation
 from tether.store import make_engine

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tether.gateway.config import GatewayConfig, Pool, Tier
+from tether.chat.pricing import Tier
+from tether.gateway.config import GatewayConfig, Pool
 from tether.gateway.errors import GatewayError
 from tether.gateway.plan import plan_request
 

@@ -7,10 +7,18 @@ from decimal import Decimal
 import pytest
 
 from tether.chat.completion import BadUsage, Usage
+from tether.chat.pricing import (
+    DEFAULT_PRICES,
+    Price,
+    Tier,
+    cost_usd,
+    largest_max_tokens,
+    to_nano_usd,
+    worst_case_usd,
+)
 from tether.errors import ConfigError
-from tether.gateway.config import DEFAULT_MODEL, DEFAULT_PRICES, Price, Tier, parse_gateway_config
+from tether.gateway.config import DEFAULT_MODEL, parse_gateway_config
 from tether.gateway.ledger import to_pico_usd
-from tether.gateway.pricing import cost_usd, largest_max_tokens, to_nano_usd, worst_case_usd
 
 
 def test_standard_cost_splits_hits_misses_and_output() -> None:

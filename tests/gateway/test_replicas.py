@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tests.live_server import free_port, live_server
-from tether.gateway.config import Limits, Pool, Routing, Tier
+from tether.chat.pricing import Tier
+from tether.gateway.config import Limits, Pool, Routing
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.replicas import ReplicaPool, Streamed, Whole
 from tether.gateway.routing import Health

@@ -15,9 +15,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tether.chat.pricing import Tier
 from tether.cli.common import CacheDirOption, cache_root, err_console, fail, print_json, user_errors
 from tether.errors import ConfigError
-from tether.gateway.config import GatewayConfig, Limits, Tier, load_gateway_config
+from tether.gateway.config import GatewayConfig, Limits, load_gateway_config
 
 app = typer.Typer(help="The API gateway: keys, usage, serving and benchmarks.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tether.chat.completion import Usage
+    from tether.chat.pricing import Price, Tier, cost_usd
     from tether.gateway.app import create_gateway_app
-    from tether.gateway.config import GatewayConfig, Limits, Pool, Price, Tier, load_gateway_config
+    from tether.gateway.config import GatewayConfig, Limits, Pool, load_gateway_config
     from tether.gateway.handling import Gateway
     from tether.gateway.keys import ApiKey, KeyStore
     from tether.gateway.ledger import Ledger
     from tether.gateway.limits import LimitStore, MemoryLimitStore
-    from tether.gateway.pricing import cost_usd
     from tether.gateway.redis_limits import RedisLimitStore
     from tether.gateway.runtime import build_gateway, running_gateway, serve_gateway
     from tether.gateway.upstream import HttpUpstream, Upstream, UpstreamError
@@ -33,14 +33,14 @@ _EXPORTS = {
     "Limits": "tether.gateway.config",
     "MemoryLimitStore": "tether.gateway.limits",
     "Pool": "tether.gateway.config",
-    "Price": "tether.gateway.config",
+    "Price": "tether.chat.pricing",
     "RedisLimitStore": "tether.gateway.redis_limits",
-    "Tier": "tether.gateway.config",
+    "Tier": "tether.chat.pricing",
     "Upstream": "tether.gateway.upstream",
     "UpstreamError": "tether.gateway.upstream",
     "Usage": "tether.chat.completion",
     "build_gateway": "tether.gateway.runtime",
-    "cost_usd": "tether.gateway.pricing",
+    "cost_usd": "tether.chat.pricing",
     "create_gateway_app": "tether.gateway.app",
     "load_gateway_config": "tether.gateway.config",
     "running_gateway": "tether.gateway.runtime",

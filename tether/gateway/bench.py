@@ -28,8 +28,9 @@ from typing import Any
 
 import httpx
 
+from tether.chat.pricing import Tier
 from tether.errors import ConfigError, TetherError
-from tether.gateway.config import GatewayConfig, Limits, Pool, Tier
+from tether.gateway.config import GatewayConfig, Limits, Pool
 from tether.gateway.runtime import open_stores
 from tether.web import free_port
 

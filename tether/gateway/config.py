@@ -16,44 +16,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tether.chat.pricing import DEFAULT_PRICES, Price, Tier
 from tether.config import state_home
 from tether.errors import ConfigError, describe_validation_error
 
 
-class Tier(StrEnum):
-    STANDARD = "standard"
-    FAST = "fast"
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Price(_Strict):
-    """USD per million tokens."""
-
-    input_cache_hit_per_mtok: Decimal = Field(Decimal("0.18"), ge=0)
-    input_cache_miss_per_mtok: Decimal = Field(Decimal("1.80"), ge=0)
-    output_per_mtok: Decimal = Field(Decimal("9.50"), ge=0)
-
-    @field_validator("*")
-    @classmethod
-    def _at_most_six_decimals(cls, value: Decimal) -> Decimal:
-        # the ledger counts whole pico-dollars: with <= 6 decimals per million tokens every cost is exact
-        exponent = value.as_tuple().exponent
-        if not isinstance(exponent, int) or exponent < -6:
-            raise ValueError(f"{value}: use at most 6 decimal places (USD per million tokens)")
-        return value
-
-    def scaled(self, factor: Decimal) -> Price:
-        return Price(
-            input_cache_hit_per_mtok=self.input_cache_hit_per_mtok * factor,
-            input_cache_miss_per_mtok=self.input_cache_miss_per_mtok * factor,
-            output_per_mtok=self.output_per_mtok * factor,
-        )
-
-
-DEFAULT_PRICES: dict[Tier, Price] = {Tier.STANDARD: Price(), Tier.FAST: Price().scaled(Decimal(2))}
 
 
 class Limits(_Strict):

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from tether.chat.completion import BadUsage, Usage
+from tether.chat.pricing import cost_usd, to_nano_usd
 from tether.gateway.admission import Admission, AdmissionRefused, open_admissions
 from tether.gateway.admitted import Admitted
 from tether.gateway.asgi import ClientGone, Receive, Scope, Send, WholeJson, authorization, read_body
@@ -37,7 +38,6 @@ from tether.gateway.limits import LimitKind, LimitStore, counters_for
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.plan import Kind, RequestPlan, parse_body, plan_request
 from tether.gateway.prefix_key import PrefixKeys
-from tether.gateway.pricing import cost_usd, to_nano_usd
 from tether.gateway.refusals import refusal_error
 from tether.gateway.relay import stream_response
 from tether.gateway.replicas import ReplicaPool, Whole

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from tether.chat.pricing import Tier
 from tether.errors import ConfigError, TetherError
-from tether.gateway.config import Limits, Tier
+from tether.gateway.config import Limits
 
 KEY_PREFIX = "tk-"
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from tether.chat import Usage
-from tether.gateway.config import Tier
+from tether.chat.pricing import Tier
 
 PICO_PER_USD = Decimal(10) ** 12
 

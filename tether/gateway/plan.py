@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tether.chat.pricing import Tier, to_nano_usd, worst_case_usd
 from tether.errors import lone_surrogate
-from tether.gateway.config import GatewayConfig, Tier
+from tether.gateway.config import GatewayConfig
 from tether.gateway.errors import GatewayError
-from tether.gateway.pricing import to_nano_usd, worst_case_usd
 
 Kind = Literal["chat", "text"]
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from tether.gateway.config import Price
+from tether.chat.pricing import Price, largest_max_tokens
 from tether.gateway.errors import GatewayError
 from tether.gateway.limits import LimitKind, Refusal
 from tether.gateway.plan import RequestPlan
-from tether.gateway.pricing import largest_max_tokens
 
 
 def _usd(nano_usd: int) -> Decimal:

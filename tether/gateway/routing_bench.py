@@ -35,8 +35,9 @@ from typing import Any
 
 import httpx
 
+from tether.chat.pricing import Tier
 from tether.errors import ConfigError, TetherError
-from tether.gateway.config import GatewayConfig, Limits, Pool, Routing, Tier
+from tether.gateway.config import GatewayConfig, Limits, Pool, Routing
 from tether.gateway.prefix_key import load_tokenizer
 from tether.gateway.runtime import open_stores, running_gateway
 from tether.web import free_port

@@ -1,13 +1,53 @@
-"""Token pricing: the exact cost of a request from the engine's reported usage, and the worst-case cost
-reserved before it runs. Pure decimal arithmetic; no I/O, no floats."""
+"""Token pricing: the service tiers and their prices per million tokens, the exact cost of a request from
+the engine's reported usage, and the worst-case cost reserved before it runs. Pure decimal arithmetic; no
+I/O, no floats. The gateway bills with it and RL runs report what their rollouts would cost with it."""
 
 from __future__ import annotations
 
 import math
 from decimal import Decimal
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tether.chat.completion import Usage
-from tether.gateway.config import Price
+
+
+class Tier(StrEnum):
+    STANDARD = "standard"
+    FAST = "fast"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(_Strict):
+    """USD per million tokens."""
+
+    input_cache_hit_per_mtok: Decimal = Field(Decimal("0.18"), ge=0)
+    input_cache_miss_per_mtok: Decimal = Field(Decimal("1.80"), ge=0)
+    output_per_mtok: Decimal = Field(Decimal("9.50"), ge=0)
+
+    @field_validator("*")
+    @classmethod
+    def _at_most_six_decimals(cls, value: Decimal) -> Decimal:
+        # the ledger counts whole pico-dollars: with <= 6 decimals per million tokens every cost is exact
+        exponent = value.as_tuple().exponent
+        if not isinstance(exponent, int) or exponent < -6:
+            raise ValueError(f"{value}: use at most 6 decimal places (USD per million tokens)")
+        return value
+
+    def scaled(self, factor: Decimal) -> Price:
+        return Price(
+            input_cache_hit_per_mtok=self.input_cache_hit_per_mtok * factor,
+            input_cache_miss_per_mtok=self.input_cache_miss_per_mtok * factor,
+            output_per_mtok=self.output_per_mtok * factor,
+        )
+
+
+DEFAULT_PRICES: dict[Tier, Price] = {Tier.STANDARD: Price(), Tier.FAST: Price().scaled(Decimal(2))}
+
 
 MILLION = Decimal(1_000_000)
 NANO_PER_USD = Decimal(1_000_000_000)
