@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable
+from enum import StrEnum
 
 from pydantic import BaseModel, ValidationError
 
@@ -14,6 +15,28 @@ class TetherError(Exception):
 
 class ConfigError(TetherError, ValueError):
     """A configuration value (file, environment, flag or request) is unknown or invalid."""
+
+
+class InfraReason(StrEnum):
+    """Why a sample could not be scored for reasons that are not the model's: RL leaves such samples out
+    of the advantages (retrying them first) instead of scoring them like a wrong answer."""
+
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox could not run the program (worker died, setup failed)
+    SANDBOX_QC = "sandbox_qc"  # the sandbox's quality check failed the worker after the run
+    SCORER_TIMEOUT = "scorer_timeout"  # scoring did not finish within its deadline
+    SCORER_ERROR = "scorer_error"  # a reward function or grader raised
+    INVALID_REWARD = "invalid_reward"  # a reward was NaN, None or outside its range
+    ENGINE_FAILURE = "engine_failure"  # the engine or a rollout server failed the request
+    WORKER_LOST = "worker_lost"  # the rollout worker holding the sample died or stopped answering
+    JUDGE_ERROR = "judge_error"  # an LLM judge or reward model gave no usable verdict
+
+
+class InfraError(TetherError):
+    """Work failed for an infrastructure reason (see `InfraReason`), not because of the model's output."""
+
+    def __init__(self, reason: InfraReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def did_you_mean(name: str, known: Iterable[str], spell: Callable[[str], str] = repr) -> str:

@@ -45,9 +45,12 @@ def shard_plans(plans: Sequence[PromptPlan], workers: int) -> list[list[PromptPl
 
 def merge_shards(plans: Sequence[PromptPlan], outputs: Sequence[Generated]) -> Generated:
     """The workers' outputs (in shard order) as one `Generated` in plan order, their rollouts' groups
-    renumbered in place; the timings are the slowest worker's (they run in parallel)."""
+    renumbered in place; the timings are the slowest worker's (they run in parallel), the counters summed."""
     tasks, rollouts, offset = [], [], 0
+    counters: dict[str, float] = {}
     for out in outputs:
+        for name, value in out.counters.items():
+            counters[name] = counters.get(name, 0.0) + value
         tasks.extend(out.tasks)
         for rollout in out.rollouts:
             rollout.group = plans[offset + rollout.group].group
@@ -59,4 +62,5 @@ def merge_shards(plans: Sequence[PromptPlan], outputs: Sequence[Generated]) -> G
         rollouts,
         max((out.generate_s for out in outputs), default=0.0),
         max((out.score_s for out in outputs), default=0.0),
+        counters,
     )

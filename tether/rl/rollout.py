@@ -73,6 +73,11 @@ class Rollout:
     passed: bool = False
     sandbox_time_s: float = 0.0
     error: str | None = None
+    # Why it could not be scored, when that was not the model's doing (an `InfraReason` value): such a
+    # rollout never enters the advantages. None: scored (the model's own failures are rewards).
+    infra_failure: str | None = None
+    retries: int = 0  # times it was re-scored or re-generated after an infrastructure failure
+    qc_violation: str | None = None  # the episode broke a rule of its environment (protected files...)
     loss_mask: list[bool] | None = None  # per completion token; None: all generated (single turn)
     turns: list[Turn] = field(default_factory=list)  # multi-turn: every engine request, in order
     transcript: list[dict[str, Any]] = field(default_factory=list)  # multi-turn: the episode's messages
@@ -107,6 +112,9 @@ class Rollout:
             "completion_tokens": self.generated_tokens,
             "policy_versions": sorted(set(self.generated_versions)),
             "error": self.error,
+            "infra_failure": self.infra_failure,
+            "retries": self.retries,
+            "qc_violation": self.qc_violation,
             **({"turns": len(self.turns), "transcript": self.transcript} if self.turns else {}),
         }
 

@@ -14,7 +14,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -57,6 +57,9 @@ class Generated:
     rollouts: list[Rollout]  # `samples_per_prompt` per plan, in plan order
     generate_s: float
     score_s: float
+    # Events of the source during the step, added to the step's metrics as they are (e.g.
+    # `rollout/workers_replaced`); counts of the same name from several shards are summed.
+    counters: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutSource(Protocol):

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -66,6 +66,7 @@ class Produced:
     cursors: dict[str, int]  # the per-domain cursors after this step's prompts
     generate_s: float
     score_s: float
+    counters: dict[str, float] = field(default_factory=dict)  # the source's events (`Generated.counters`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +249,7 @@ class Trainer:
         if self._rollout_threads is not None:  # async: this runs on the rollout thread
             torch.set_num_threads(self._rollout_threads)
         out = self.rollouts.generate(plans)
-        return Produced(step, out.tasks, out.rollouts, advanced, out.generate_s, out.score_s)
+        return Produced(step, out.tasks, out.rollouts, advanced, out.generate_s, out.score_s, out.counters)
 
     def learn(self, produced: Produced) -> tuple[Metrics, bool]:
         """One update from a produced batch; returns its metrics and whether the weights changed."""
@@ -272,6 +273,7 @@ class Trainer:
         self.step += 1
         completion_tokens = sum(r.generated_tokens for r in rollouts)
         metrics.update(domain_metrics(rollouts))
+        metrics.update(produced.counters)
         metrics.update(
             {
                 "policy_version": float(self.step),
