@@ -69,16 +69,34 @@ class SandboxProvider:
 
 
 class ScoringContext:
-    """Per-episode access to the sandbox, with the time spent in it accumulated for reporting."""
+    """Per-episode access to the sandbox, with the time spent in it accumulated for reporting, and the
+    counters reward components keep of what scoring spent (judge requests, tokens, dollars), which a
+    context shares with its children so that a rollout source reads one total per step."""
 
-    def __init__(self, sandbox: SandboxProvider | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        sandbox: SandboxProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        counters: dict[str, float] | None = None,
+    ):
         self.sandbox = sandbox
         self.sandbox_time_s = 0.0
         self._clock = clock
+        self._counters: dict[str, float] = {} if counters is None else counters
 
     def child(self) -> ScoringContext:
-        """Same sandbox, own timer: one per episode when episodes run concurrently."""
-        return ScoringContext(self.sandbox, self._clock)
+        """Same sandbox and counters, own timer: one per episode when episodes run concurrently."""
+        return ScoringContext(self.sandbox, self._clock, self._counters)
+
+    def count(self, name: str, amount: float = 1.0) -> None:
+        """Add `amount` to the counter `name` (a metric key such as `judge/requests`)."""
+        self._counters[name] = self._counters.get(name, 0.0) + amount
+
+    def take_counters(self) -> dict[str, float]:
+        """The counters summed since the last call, then zeroed (a step's share of them)."""
+        taken = dict(self._counters)
+        self._counters.clear()
+        return taken
 
     async def pool(self) -> Sandbox:
         if self.sandbox is None:

@@ -137,6 +137,10 @@ class Rubric:
     def names(self) -> list[str]:
         return [reward.name for reward in self.rewards]
 
+    def extended(self, extra: tuple[Reward, ...]) -> Rubric:
+        """This rubric with `extra` components after its own; what counts as passed does not change."""
+        return Rubric(self.rewards + extra, pass_component=self.passing)
+
     @property
     def passing(self) -> str:
         if self.pass_component is not None:

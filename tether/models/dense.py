@@ -18,20 +18,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from tether.kernels.attention import AttentionKernel, kernel_for, native_attention
-from tether.models.config import UnsupportedModelError
+from tether.models.config import ModelConfig, UnsupportedModelError
 from tether.models.layers import RotaryEmbedding
-from tether.models.transformer import Attention, CausalLM, DecoderLayer
+from tether.models.transformer import Attention, CausalLM, DecoderLayer, DecoderModel
 
 # An attention over flat tokens the forward can be given instead of its own (e.g. a ring over the ranks
 # that hold the other tokens, `tether.rl.context_parallel`): (q [N, heads, head_dim], k and v
 # [N, kv_heads, head_dim], scale) -> [N, heads, head_dim].
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+class Decoder(Protocol):
+    """What `hidden_states` reads of a model: its config and decoder stack (`CausalLM`, and the sequence
+    classifier of `classifier.py`, which has a score head instead of the vocabulary)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def model(self) -> DecoderModel: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +400,7 @@ def _attention(
     return projected.view(rows, width, -1)
 
 
-def hidden_states(model: CausalLM, batch: DenseBatch, attend: Attend | None = None) -> torch.Tensor:
+def hidden_states(model: Decoder, batch: DenseBatch, attend: Attend | None = None) -> torch.Tensor:
     """Final-norm hidden states [R, T, hidden] of every token of the batch; with `attend`, every
     layer's attention is that function's (the batch's documents are then not read)."""
     decoder = model.model

@@ -19,6 +19,7 @@ from tether.models.threads import strict_matmul
 from tether.rl.agent_rollouts import register_agent_families
 from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner
+from tether.rl.rewards import add_reward_components
 from tether.rl.sections import AgentJournal, Backend, RolloutBackend
 from tether.rl.sources import EngineRollouts, RolloutSource, server_rollouts
 from tether.rl.trainer import Trainer, sampling_params
@@ -125,9 +126,11 @@ def open_learner(config: TrainConfig) -> Learner:
 
 def training_registry(config: TrainConfig, registry: EnvRegistry | None = None) -> EnvRegistry:
     """The environments a run draws from: `registry` (default: every built-in and plug-in) and the
-    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`)."""
+    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`), with
+    the `[[rewards]]` components added to the rubrics they name (`rewards.py`)."""
     registry = registry or default_registry()
     register_agent_families(registry, config.agents.max_steps)
+    add_reward_components(registry, config)
     return registry
 
 

@@ -19,6 +19,7 @@ from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.precision import DType
 from tether.rl.advantages import AdvantageKind
+from tether.rl.reward_sections import RewardSection
 from tether.rl.sections import (
     AUTO_SYNC,
     WEIGHT_SYNCS,
@@ -48,6 +49,11 @@ class TrainConfig(Section):
     ray: RaySection = Field(default_factory=lambda: RaySection())
     learner: LearnerSection = Field(default_factory=lambda: LearnerSection())
     agents: AgentsSection = Field(default_factory=lambda: AgentsSection())
+    rewards: list[RewardSection] = Field(
+        default_factory=list,
+        description="[[rewards]] tables: judge or reward-model components added to environments of the "
+        "mixture (`reward_sections.py`); none: each environment's own rubric alone.",
+    )
 
     @property
     def rollout_backend(self) -> RolloutBackend:
@@ -164,6 +170,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "learner": LearnerSection,
     "agents": AgentsSection,
 }
+_TABLE_LISTS: dict[str, type[BaseModel]] = {"rewards": RewardSection}  # [[name]] tables
 
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -173,13 +180,18 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
         lines = []
         for problem in error.errors():
             loc = problem["loc"]
+            if loc[:1] == ("rewards",) and len(loc) > 1:  # [[rewards]] table N: "rewards[N].key"
+                loc = (f"rewards[{loc[1]}]", *loc[2:])
             key = ".".join(str(part) for part in loc) or "(root)"
             if problem["type"] == "extra_forbidden":
-                section = _SECTIONS.get(str(loc[0])) if len(loc) == 2 else None
+                section = (
+                    {**_SECTIONS, **_TABLE_LISTS}.get(str(loc[0]).split("[")[0]) if len(loc) == 2 else None
+                )
                 known = sorted((section or TrainConfig).model_fields)
                 lines.append(f"{source}: unknown key {key!r}; known keys: {', '.join(known)}")
             elif problem["type"] == "value_error":
-                lines.append(f"{source}: {problem['msg'].removeprefix('Value error, ')}")
+                where = f"{loc[0]}: " if str(loc[0]).startswith("rewards[") else ""
+                lines.append(f"{source}: {where}{problem['msg'].removeprefix('Value error, ')}")
             else:
                 lines.append(f"{source}: {key} = {problem['input']!r}: {problem['msg']}")
         raise ConfigError("\n".join(lines)) from None
@@ -207,25 +219,34 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # JSON string escapes are valid TOML basic-string escapes
 
 
+def _table_lines(header: str, table: BaseModel) -> list[str]:
+    """`header` and a table's keys, then its sub-tables ([header.key]); unset (None) keys left out."""
+    lines = [header]
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for key in type(table).model_fields:
+        value = getattr(table, key)
+        if value is None:
+            continue
+        if isinstance(value, BaseModel):  # a sub-section: [section.key]
+            tables.append((key, {k: v for k, v in value.model_dump().items() if v is not None}))
+        elif isinstance(value, dict):
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    name = header.strip("[]")
+    for key, values in tables:
+        lines.append(f"\n[{name}.{key}]")
+        lines.extend(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in values.items())
+    lines.append("")
+    return lines
+
+
 def dump_config(config: TrainConfig) -> str:
     """The config as TOML that `load_config` reads back to an equal config (written to the run dir)."""
     lines: list[str] = []
     for section_name in _SECTIONS:
-        section = getattr(config, section_name)
-        lines.append(f"[{section_name}]")
-        tables: list[tuple[str, dict[str, Any]]] = []
-        for key in type(section).model_fields:
-            value = getattr(section, key)
-            if value is None:
-                continue
-            if isinstance(value, BaseModel):  # a sub-section: [section.key]
-                tables.append((key, {k: v for k, v in value.model_dump().items() if v is not None}))
-            elif isinstance(value, dict):
-                tables.append((key, value))
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        for key, table in tables:
-            lines.append(f"\n[{section_name}.{key}]")
-            lines.extend(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items())
-        lines.append("")
+        lines.extend(_table_lines(f"[{section_name}]", getattr(config, section_name)))
+    for list_name in _TABLE_LISTS:
+        for table in getattr(config, list_name):
+            lines.extend(_table_lines(f"[[{list_name}]]", table))
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The sections of a train config (`[model]`, `[envs]`, `[rollout]`, `[algorithm]`, `[optim]`, `[run]`,
-`[ray]`, `[learner]`, `[agents]`) and the kinds their fields take; `config.py` composes them into
-`TrainConfig`. Each section validates its own fields; checks across sections live in `TrainConfig`."""
+`[ray]`, `[learner]`, `[agents]`; the `[[rewards]]` tables in `reward_sections.py`) and the kinds their
+fields take; `config.py` composes them into `TrainConfig`. Each section validates its own fields; checks
+across sections live in `TrainConfig`."""
 
 from __future__ import annotations
 

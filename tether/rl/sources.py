@@ -58,7 +58,8 @@ class Generated:
     generate_s: float
     score_s: float
     # Events of the source during the step, added to the step's metrics as they are (e.g.
-    # `rollout/workers_replaced`); counts of the same name from several shards are summed.
+    # `rollout/workers_replaced`, and what scoring counted in its context: `judge/requests`...); counts of
+    # the same name from several shards are summed.
     counters: dict[str, float] = field(default_factory=dict)
 
 
@@ -110,16 +111,17 @@ class EngineRollouts:
         if any(is_agent_env(plan.env) for plan in plans):
             agents = AgentRollouts(self.engine, self.tokenizer, self.params, self.agent_state_dir)
             tasks, rollouts = self._loop.run_until_complete(agents.run(plans, self.registry, self.ctx))
-            return Generated(tasks, rollouts, self.clock() - start, 0.0)
+            return Generated(tasks, rollouts, self.clock() - start, 0.0, self.ctx.take_counters())
         if any(self.registry.get(plan.env).multi_turn for plan in plans):
             # Episodes are scored as they end, while the engine keeps generating for the others.
             driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
             tasks, rollouts = self._loop.run_until_complete(driver.run(plans, self.ctx))
-            return Generated(tasks, rollouts, self.clock() - start, 0.0)
+            return Generated(tasks, rollouts, self.clock() - start, 0.0, self.ctx.take_counters())
         tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
         generated = self.clock()
         self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
-        return Generated(tasks, rollouts, generated - start, self.clock() - generated)
+        scored = self.clock()
+        return Generated(tasks, rollouts, generated - start, scored - generated, self.ctx.take_counters())
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         if version == self.engine.latest_version:
@@ -194,7 +196,8 @@ class RemoteRollouts:
         ]
         generated = self.clock()
         self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
-        return Generated(tasks, rollouts, generated - start, self.clock() - generated)
+        scored = self.clock()
+        return Generated(tasks, rollouts, generated - start, scored - generated, self.ctx.take_counters())
 
     async def _generate(
         self, plans: Sequence[PromptPlan], prompts: Sequence[list[int]]

@@ -27,7 +27,7 @@ class EngineClient(OpenAIClient):
     def __init__(
         self,
         name: str,
-        cache_dir: Path,
+        cache_dir: Path | None,
         kv_cache_mib: int = 256,
         device: str = "auto",
         dtype: str = "float32",
@@ -88,7 +88,7 @@ class EngineClient(OpenAIClient):
 def open_client(
     model: str | None,
     base_url: str | None,
-    cache_dir: Path,
+    cache_dir: Path | None,
     device: str = "auto",
     dtype: str = "float32",
     api_key: str | None = None,

@@ -115,3 +115,29 @@ def make_tiny_model(
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def make_tiny_classifier(
+    directory: Path, architecture: str = "llama", num_labels: int = 1, seed: int = 0
+) -> Path:
+    """Write a tiny random `*ForSequenceClassification` model (a reward model when `num_labels` is 1)
+    of `architecture` into `directory` (created), with the same tokenizer as `make_tiny_model`."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModelForSequenceClassification
+
+    tokenizer = _tokenizer()
+    config = _config(architecture, len(tokenizer), tokenizer.eos_token_id)
+    config.num_labels = num_labels
+    config.pad_token_id = tokenizer.pad_token_id  # "<|endoftext|>": never inside a rendered conversation
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        with torch.no_grad():  # a score head of unit scale, so that scores spread over (0, 1)
+            model.score.weight.normal_(0.0, 1.0 / model.config.hidden_size**0.5)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
