@@ -42,7 +42,6 @@ Reply with a JSON object: "reason", one or two sentences on what is right or wro
 "score", from 0 (wrong or no answer) to 1 (correct and complete)."""
 PLACEHOLDERS = ("prompt", "reference", "answer")
 NO_REFERENCE = "(none)"
-REASON_MAX_CHARS = 1000
 SHOWN_CHARS = 200  # of a bad verdict, in the error
 
 
@@ -73,6 +72,7 @@ class JudgeConfig:
     rubric: str = DEFAULT_RUBRIC
     labels: Mapping[str, float] | None = None
     max_tokens: int = 256
+    max_reason_chars: int = 1000  # the schema's maxLength: a grammar-held judge stops reasoning there
     concurrency: int = 16
     cache_entries: int = 100_000
     price: Price = field(default_factory=lambda: DEFAULT_PRICES[Tier.STANDARD])
@@ -85,7 +85,7 @@ class JudgeConfig:
             bad = {k: v for k, v in self.labels.items() if not (math.isfinite(v) and 0.0 <= v <= 1.0)}
             if bad:
                 raise ConfigError(f"judge labels {bad}: every label's score must be in [0, 1]")
-        for name in ("max_tokens", "concurrency", "cache_entries"):
+        for name in ("max_tokens", "max_reason_chars", "concurrency", "cache_entries"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"judge {name} = {getattr(self, name)!r}: expected an integer >= 1")
 
@@ -98,7 +98,7 @@ class JudgeConfig:
         )
         return {
             "type": "object",
-            "properties": {"reason": {"type": "string", "maxLength": REASON_MAX_CHARS}, "score": score},
+            "properties": {"reason": {"type": "string", "maxLength": self.max_reason_chars}, "score": score},
             "required": ["reason", "score"],
             "additionalProperties": False,
         }
@@ -131,8 +131,8 @@ def parse_verdict(content: str, config: JudgeConfig) -> Verdict:
         keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
         raise refuse(f"has {keys}: expected an object with exactly 'reason' and 'score'")
     reason, score = raw["reason"], raw["score"]
-    if not isinstance(reason, str) or len(reason) > REASON_MAX_CHARS:
-        raise refuse(f"has no 'reason' string of at most {REASON_MAX_CHARS} characters")
+    if not isinstance(reason, str) or len(reason) > config.max_reason_chars:
+        raise refuse(f"has no 'reason' string of at most {config.max_reason_chars} characters")
     if config.labels is not None:
         if not isinstance(score, str) or score not in config.labels:
             raise refuse(f"scores {score!r}: expected one of {', '.join(map(repr, config.labels))}")
@@ -222,7 +222,8 @@ class JudgeReward:
             raise InfraError(
                 InfraReason.JUDGE_ERROR,
                 f"judge {self.config.model}: the verdict was cut off at max_tokens = "
-                f"{self.config.max_tokens}; raise it or ask for a shorter reason",
+                f"{self.config.max_tokens}; raise it, or lower max_reason_chars = "
+                f"{self.config.max_reason_chars}",
             )
         return parse_verdict(completion.content, self.config)
 

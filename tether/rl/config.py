@@ -184,13 +184,12 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> TrainConfig:
                 loc = (f"rewards[{loc[1]}]", *loc[2:])
             key = ".".join(str(part) for part in loc) or "(root)"
             if problem["type"] == "extra_forbidden":
-                section = (
-                    {**_SECTIONS, **_TABLE_LISTS}.get(str(loc[0]).split("[")[0]) if len(loc) == 2 else None
-                )
+                tables = {**_SECTIONS, **_TABLE_LISTS}
+                section = tables.get(str(loc[0]).split("[")[0]) if len(loc) == 2 else None
                 known = sorted((section or TrainConfig).model_fields)
                 lines.append(f"{source}: unknown key {key!r}; known keys: {', '.join(known)}")
             elif problem["type"] == "value_error":
-                where = f"{loc[0]}: " if str(loc[0]).startswith("rewards[") else ""
+                where = f"{loc[0]}: " if loc and str(loc[0]).startswith("rewards[") else ""
                 lines.append(f"{source}: {where}{problem['msg'].removeprefix('Value error, ')}")
             else:
                 lines.append(f"{source}: {key} = {problem['input']!r}: {problem['msg']}")

@@ -22,7 +22,17 @@ class RewardKind(StrEnum):
 
 
 # The settings only one kind reads (the rest are shared).
-_JUDGE_ONLY = ("model", "base_url", "api_key_env", "rubric", "labels", "max_tokens", "concurrency", "price")
+_JUDGE_ONLY = (
+    "model",
+    "base_url",
+    "api_key_env",
+    "rubric",
+    "labels",
+    "max_tokens",
+    "max_reason_chars",
+    "concurrency",
+    "price",
+)
 _REWARD_MODEL_ONLY = ("path", "max_batch", "logit_shift", "logit_scale", "positive_label")
 
 
@@ -78,6 +88,12 @@ class RewardSection(Section):
         "wrong = 0.0); unset: the verdict's score is a number in [0, 1].",
     )
     max_tokens: int = Field(256, ge=1, description="judge: the longest verdict, tokens.")
+    max_reason_chars: int = Field(
+        1000,
+        ge=1,
+        description="judge: the verdict's reason is at most this many characters (the schema's maxLength, "
+        "which a judge held to the schema's grammar, as our engine is, stops at).",
+    )
     concurrency: int = Field(16, ge=1, description="judge: requests in flight at once.")
     price: Price | None = Field(
         None,

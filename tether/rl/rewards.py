@@ -53,6 +53,15 @@ class ClassifierScorer:
         self._loaded: tuple[SequenceClassifier, ChatTemplate] | None = None
         self._lock = threading.Lock()  # batches are scored in worker threads
 
+    def __getstate__(self) -> dict[str, object]:
+        """What a Ray rollout worker receives: the settings; it loads the model itself."""
+        return {"folder": self.folder, "device": self.device, "squash": self.squash}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._loaded = None
+        self._lock = threading.Lock()
+
     def _model(self) -> tuple[SequenceClassifier, ChatTemplate]:
         with self._lock:
             if self._loaded is None:
@@ -91,6 +100,7 @@ def _judge(section: RewardSection, config: TrainConfig) -> JudgeReward:
         rubric=section.rubric or DEFAULT_RUBRIC,
         labels=section.labels,
         max_tokens=section.max_tokens,
+        max_reason_chars=section.max_reason_chars,
         concurrency=section.concurrency,
         price=section.price or DEFAULT_PRICES[Tier.STANDARD],
     )
