@@ -14,7 +14,7 @@ import pytest
 from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.rl.builders import build_trainer, training_registry
-from tether.rl.config import TrainConfig, load_config, parse_config
+from tether.rl.config import TrainConfig, dump_config, load_config, parse_config
 from tether.testing import make_tiny_classifier
 
 from .fake_envs import fake_registry
@@ -95,6 +95,31 @@ def test_the_components_travel_to_ray_rollout_workers_unopened(tmp_path: Path, v
     score = asyncio.run(vowels.score(vowels.task(0), "aeiou", ScoringContext()))
     assert score.components["judge"] == VERDICT["score"] and 0 < score.components["reward_model"] < 1
     assert digits.rubric.names == ["share", "short", "reward_model"]
+    assert digits.rubric.passing == "share"  # an added component never changes what counts as passed
+
+
+def test_every_rewards_setting_reads_back_from_the_run_directorys_config(tmp_path: Path) -> None:
+    judge = {
+        "kind": "judge",
+        "name": "style",
+        "base_url": "https://judge.example/v1",
+        "model": "grader",
+        "api_key_env": "JUDGE_KEY",
+        "rubric": 'Grade "{answer}"\n\tfor {prompt}; reply {{"score": 1}}',
+        "labels": {"good": 1.0, "bad": 0.0},
+        "price": {"input_cache_miss_per_mtok": "0.25", "output_per_mtok": "1.5"},
+        "weight": 0.25,
+        "gate": True,
+    }
+    reward_model = {
+        "kind": "reward_model",
+        "path": str(tmp_path / "rm"),
+        "logit_shift": -1.5,
+        "positive_label": 1,
+    }
+    config = config_with(tmp_path, tmp_path, judge, reward_model)
+    (tmp_path / "config.toml").write_text(dump_config(config))
+    assert load_config(tmp_path / "config.toml") == config
 
 
 @pytest.mark.slow
