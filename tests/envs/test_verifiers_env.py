@@ -12,6 +12,7 @@ from tests.envs.verifiers_fixtures import (
     QUESTIONS,
     SYSTEM,
     GuessEnv,
+    add,
     install_module,
     multi_turn_env,
     single_turn_env,
@@ -154,6 +155,11 @@ def vf_rows(rows: list[dict[str, str]]) -> Any:
     return Dataset.from_list(rows)
 
 
+class OwnCompletionToolEnv(vf.ToolEnv):
+    async def is_completed(self, messages: Any, state: Any, **kwargs: Any) -> bool:
+        return True
+
+
 def one_reward_env(func: Any, weight: float = 1.0) -> Any:
     return vf.SingleTurnEnv(dataset=vf_rows(QUESTIONS), rubric=vf.Rubric(funcs=[func], weights=[weight]))
 
@@ -254,6 +260,14 @@ def test_an_env_without_dataset_rows_is_refused() -> None:
             "only 'chat'",
         ),
         (lambda: 3, "expected a verifiers Environment"),
+        (
+            lambda: vf.SingleTurnEnv(
+                dataset=vf_rows(QUESTIONS), rubric=vf.JudgeRubric(judge_client=object())
+            ),
+            "use tether's `judge` reward component",
+        ),
+        (lambda: vf.EnvGroup(envs=[single_turn_env(), tool_env()]), "EnvGroup is not supported"),
+        (lambda: OwnCompletionToolEnv(dataset=vf_rows(QUESTIONS), tools=[add]), "overrides is_completed"),
     ],
 )
 def test_unsupported_environments_are_refused(make: Any, message: str) -> None:
