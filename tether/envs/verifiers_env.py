@@ -19,6 +19,10 @@ What maps to what (`from_verifiers`):
   `is_completed` and `env_response` after each reply, with verifiers' `state` dict (`setup_state` run
   once) kept in the episode's `info` and given to the reward functions.
 
+Registration: `register_verifiers(registry, {"NAME": VerifiersSpec(module, args)})` names them
+`vf/NAME`; a train config's `[envs.verifiers.NAME]` does it for a run (and for `tether envs ... --config`),
+and a plug-in's `tether.envs` entry point may call it from its `register(registry)`.
+
 Limits: verifiers tools, `env_response` and reward functions run in this process (the trainer's), not
 in the sandbox as tether's own tools do: load only environments you trust. No model is ever reached
 (`rollout` and `get_model_response` are not called), so `state["responses"]` stays empty. Completion
