@@ -111,3 +111,32 @@ def test_score_plays_a_multi_turn_transcript_through_the_sandbox(tmp_path: Path)
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["total"] == 1.0
+
+
+def write_verifiers_config(tmp_path: Path, module: str) -> Path:
+    path = tmp_path / "train.toml"
+    path.write_text(f'[envs.weights]\n"vf/add" = 1.0\n\n[envs.verifiers.add]\nmodule = "{module}"\n')
+    return path
+
+
+def test_list_show_and_score_see_the_verifiers_envs_of_a_train_config(tmp_path: Path) -> None:
+    from tests.envs.verifiers_fixtures import install_module, single_turn_env
+
+    install_module("vf_tether_cli_env", load_environment=single_turn_env)
+    config = str(write_verifiers_config(tmp_path, "vf_tether_cli_env"))
+    listed = runner.invoke(app, ["envs", "list", "vf/*", "--json", "--config", config])
+    assert listed.exit_code == 0, listed.output
+    (env,) = json.loads(listed.stdout)["envs"]
+    assert env["name"] == "vf/add" and env["rewards"] == ["correct_answer", "format_reward_func", "brevity"]
+    shown = runner.invoke(app, ["envs", "show", "vf/add", "-n", "1", "--json", "--config", config])
+    assert json.loads(shown.stdout)["tasks"][0]["reference"] == "5"
+    answer = "<think>\nadd\n</think>\n<answer>\n5\n</answer>"
+    scored = runner.invoke(app, ["envs", "score", "vf/add", "--json", "--config", config], input=answer)
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.stdout)["components"]["correct_answer"] == 1.0
+
+
+def test_a_verifiers_module_that_is_not_installed_is_a_user_error(tmp_path: Path) -> None:
+    config = str(write_verifiers_config(tmp_path, "vf_tether_not_installed"))
+    result = runner.invoke(app, ["envs", "list", "vf/*", "--config", config])
+    assert result.exit_code == 2 and "'vf_tether_not_installed' is not installed" in result.output

@@ -352,3 +352,24 @@ async def test_reward_functions_can_explain_their_score_in_detail() -> None:
     score = await Rubric((Reward("correct", explained),)).score(reward_input())
     assert score.detail == {"why": "off by one"}
     assert score.to_dict()["detail"] == {"why": "off by one"}
+
+
+@pytest.mark.parametrize("overrides", [{"max_turns": 1}, {"tools": (ECHO,), "max_turns": 3}])
+def test_a_responder_needs_several_turns_and_no_tools(overrides: dict[str, Any]) -> None:
+    async def respond(state: EpisodeState) -> tuple[list[JsonDict], bool]:
+        return [{"role": "user", "content": "again"}], False
+
+    with pytest.raises(ValueError, match="a responder needs max_turns > 1 and no tools"):
+        single_turn(responder=respond, **overrides)
+
+
+async def test_a_responders_messages_answer_each_reply_until_it_says_done() -> None:
+    async def respond(state: EpisodeState) -> tuple[list[JsonDict], bool]:
+        return [{"role": "user", "content": f"turn {state.turns}"}], state.turns == 2
+
+    env = single_turn(responder=respond, max_turns=5)
+    replies = [{"role": "assistant", "content": "<answer>0</answer>"}] * 2
+    result = await run_episode(env, env.task(0), scripted_policy(replies), ScoringContext())
+    answer = replies[0]["content"]
+    assert [m["content"] for m in result.messages[2:]] == [answer, "turn 1", answer, "turn 2"]
+    assert result.turns == 2 and result.score.passed

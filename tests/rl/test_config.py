@@ -161,3 +161,20 @@ def test_max_model_len_and_rope_scaling_reach_the_engine_and_the_learner(
     assert make_learner(config, "cpu").model.config.rope_scaling == yarn
     with pytest.raises(ConfigError, match="max_model_len 8,192 is past the model's context limit of 2,048"):
         make_engine(parse_config({**MINIMAL, "model": model}), "cpu")
+
+
+@pytest.mark.parametrize(
+    ("verifiers", "message"),
+    [
+        ({"add": {}}, "module"),
+        ({"add": {"module": "vf_add", "reward_range": [1.0, 0.0]}}, "low < high"),
+        ({"add": {"module": "vf_add", "max_turns": 0}}, "max_turns"),
+        ({"a/b": {"module": "vf_add"}}, "becomes vf/NAME"),
+        ({"add": {"module": "vf_add", "turns": 3}}, "turns"),
+    ],
+)
+def test_bad_verifiers_envs_are_refused_when_the_config_is_read(
+    verifiers: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"envs": {"weights": {"vf/add": 1.0}, "verifiers": verifiers}})

@@ -26,10 +26,21 @@ app = typer.Typer(help="Verifiable environments: list, inspect, score.", no_args
 console = Console()
 app.command("bench")(bench_command)  # scoring throughput of code answers (tether/envs/score_bench.py)
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="A train config: also its run's environments ([envs.verifiers] as vf/NAME, agent/*)."
+    ),
+]
 
 
-def _registry() -> EnvRegistry:
-    return default_registry()
+def _registry(config: Path | None = None) -> EnvRegistry:
+    if config is None:
+        return default_registry()
+    from tether.rl.builders import training_registry  # the run's registry, exactly as training builds it
+    from tether.rl.config import load_config
+
+    return training_registry(load_config(config))
 
 
 @app.command("list")
@@ -38,10 +49,11 @@ def list_command(
         str | None, typer.Argument(help="Only names matching this glob (e.g. 'rg/*').")
     ] = None,
     as_json: JsonOption = False,
+    config: ConfigOption = None,
 ) -> None:
     """Every registered environment: name, family, turns and reward components."""
     with user_errors():
-        registry = _registry()
+        registry = _registry(config)
         infos = [registry.info(name) for name in registry.names(pattern)]
         if pattern is not None and not infos:
             close = registry.close_names(pattern)
@@ -76,10 +88,11 @@ def show_command(
         int, typer.Option("--seed", min=0, help="Seed of the first task; the next ones follow.")
     ] = 0,
     as_json: JsonOption = False,
+    config: ConfigOption = None,
 ) -> None:
     """Sample tasks: the rendered prompt and the reference answer of seeds S, S+1, ..."""
     with user_errors():
-        env = _registry().get(name)
+        env = _registry(config).get(name)
         tasks = [env.task(seed + offset) for offset in range(count)]
         shown = [{**task.to_dict(), "reference_replies": env.reference(task)} for task in tasks]
     if as_json:
@@ -128,10 +141,11 @@ def score_command(
         ),
     ] = Path("-"),
     as_json: JsonOption = False,
+    config: ConfigOption = None,
 ) -> None:
     """Score one answer to one seeded task; every reward component is shown."""
     with user_errors():
-        env = _registry().get(name)
+        env = _registry(config).get(name)
         task = env.task(seed)
         raw = sys.stdin.read() if str(answer_file) == "-" else answer_file.read_text()
         settings = state(ctx).settings()

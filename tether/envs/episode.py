@@ -13,6 +13,7 @@ How a domain plugs in (see `registry.py` for naming and registration):
         max_turns=8,
         setup=write_fixtures,               # multi-turn: prepare the sandbox session of an episode
         validators=(protected_files_unchanged,),  # run after every step; a reason ends the episode at 0
+        responder=None,                     # multi-turn without tools: the environment answers each reply
     )
 
 Every episode, single-turn or multi-turn, runs the same protocol: `env.task(seed)` builds a
@@ -45,6 +46,10 @@ SetupHook = Callable[[EpisodeState], Awaitable[None]]
 # Returns None when the state is sound, else the reason of the violation (recorded as `qc_violation`).
 StepValidator = Callable[[EpisodeState], Awaitable[str | None]]
 Policy = Callable[[Messages, list[dict[str, Any]]], Awaitable[Message]]
+# Multi-turn environments that answer replies themselves, not through tools (a game master, a user
+# simulator, an adapted `verifiers` MultiTurnEnv): called after each assistant reply is appended, it
+# returns the messages the environment answers with and whether the episode is over.
+Responder = Callable[[EpisodeState], Awaitable[tuple[Messages, bool]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,7 @@ class Environment:
     # Domain-specific wrong or adversarial completions, on top of the generic ones.
     adversarial: Callable[[Task], Sequence[str]] | None = None
     max_tool_output_chars: int = 8000
+    responder: Responder | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -77,6 +83,10 @@ class Environment:
             raise ValueError(f"{self.name}: tool names must be unique, got {names}")
         if self.tools and self.max_turns == 1:
             raise ValueError(f"{self.name}: an environment with tools needs max_turns > 1")
+        if self.responder is not None and (self.tools or self.max_turns == 1):
+            raise ValueError(
+                f"{self.name}: a responder needs max_turns > 1 and no tools (it answers replies)"
+            )
 
     @property
     def family(self) -> str:
@@ -175,6 +185,10 @@ class Episode:
         state.messages.append({**reply, "role": "assistant"})
         state.turns += 1
         results: Messages = []
+        ended = False
+        if self.env.responder is not None:
+            results, ended = await self.env.responder(state)
+            results = list(results)
         for call in calls if len(self._tools) else []:
             result, ends = await self._call(call)
             results.append(result.message())
@@ -184,8 +198,8 @@ class Episode:
                 self.done = True
                 break
         state.messages.extend(results)
-        if not results or state.turns >= self.env.max_turns:
-            self.done = True  # a reply without tool calls is the final answer
+        if ended or not results or state.turns >= self.env.max_turns:
+            self.done = True  # a reply nothing answers (no tool calls, no response) is the final answer
         for validate in self.env.validators:
             reason = await validate(state)
             if reason is not None:

@@ -13,6 +13,7 @@ import torch
 
 from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.registry import EnvRegistry, default_registry, mixture_from_weights
+from tether.envs.verifiers_env import VerifiersSpec, register_verifiers
 from tether.models.memory_plan import Strategy
 from tether.models.precision import resolve_device
 from tether.models.threads import strict_matmul
@@ -125,11 +126,18 @@ def open_learner(config: TrainConfig) -> Learner:
 
 
 def training_registry(config: TrainConfig, registry: EnvRegistry | None = None) -> EnvRegistry:
-    """The environments a run draws from: `registry` (default: every built-in and plug-in) and the
-    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`), with
+    """The environments a run draws from: `registry` (default: every built-in and plug-in), the
+    agent task families (`agent/*`, rolled out through the agents' runner by `agent_rollouts.py`) and
+    the `verifiers` environments of `[envs.verifiers]` (`vf/*`, imported when first looked up), with
     the `[[rewards]]` components added to the rubrics they name (`rewards.py`)."""
     registry = registry or default_registry()
     register_agent_families(registry, config.agents.max_steps)
+    if config.envs.verifiers:
+        specs = {
+            key: VerifiersSpec(env.module, dict(env.args), env.max_turns, env.reward_range)
+            for key, env in config.envs.verifiers.items()
+        }
+        register_verifiers(registry, specs)
     add_reward_components(registry, config)
     return registry
 

@@ -170,9 +170,38 @@ class ModelSection(Section):
         return raw
 
 
+class VerifiersEnvSection(Section):
+    """A `verifiers` environment (PyPI `verifiers`, e.g. an Environments Hub package) trained as `vf/NAME`."""
+
+    module: str = Field(
+        min_length=1, description="Module with load_environment(**args), e.g. 'vf_gsm8k' ('-' read as '_')."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of load_environment.")
+    max_turns: int = Field(
+        10, ge=1, description="Turn limit of a MultiTurnEnv whose own max_turns is unlimited (-1)."
+    )
+    reward_range: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="What its reward functions return, mapped linearly to [0, 1]; values outside are "
+        "invalid rewards, never clipped.",
+    )
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        low, high = bounds
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"reward_range {list(bounds)}: expected two finite numbers, low < high")
+        return bounds
+
+
 class EnvsSection(Section):
     weights: dict[str, float] = Field(
         min_length=1, description="Environment name or glob -> sampling weight (see `tether envs list`)."
+    )
+    verifiers: dict[str, VerifiersEnvSection] = Field(
+        default_factory=dict,
+        description="`verifiers` environments registered as `vf/<key>` (the `tether[verifiers]` extra).",
     )
     seed_offset: int = Field(
         0, ge=0, description="Training task seeds are seed_offset + a per-domain cursor (hold out others)."
@@ -185,6 +214,16 @@ class EnvsSection(Section):
         if bad:
             raise ValueError(f"envs.weights {bad}: every weight must be a positive number")
         return weights
+
+    @field_validator("verifiers")
+    @classmethod
+    def _names(cls, envs: dict[str, VerifiersEnvSection]) -> dict[str, VerifiersEnvSection]:
+        bad = [key for key in envs if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-+]*", key)]
+        if bad:
+            raise ValueError(
+                f"envs.verifiers {bad}: a name is letters, digits and '_.-+' (it becomes vf/NAME)"
+            )
+        return envs
 
 
 _REMOTE = (
