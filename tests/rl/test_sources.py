@@ -21,9 +21,9 @@ from tether.envs.context import ScoringContext
 from tether.errors import ConfigError
 from tether.rl.builders import build_trainer
 from tether.rl.config import TrainConfig, dump_config, parse_config
+from tether.rl.remote_rollouts import server_rollouts
 from tether.rl.rollout import PromptPlan
 from tether.rl.servers import ServerHTTPError
-from tether.rl.sources import server_rollouts
 from tether.rl.trainer import sampling_params
 
 from .fake_envs import fake_registry

@@ -1,5 +1,5 @@
-"""Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source (`sources.py`) spreads
-a step's prompts over.
+"""Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source
+(`remote_rollouts.py`) spreads a step's prompts over.
 
 A client generates n samples from token ids (token ids, behaviour logprobs and the policy version of every
 token come back; nothing is re-tokenized) and loads weights a transport has put somewhere the server sees.
