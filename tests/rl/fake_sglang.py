@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from safetensors import safe_open
 
 # torch.distributed.TCPStore, documented there; typed stubs export it from here only.
@@ -36,6 +36,8 @@ class FakeSGLangState:
     weight_version: str = "default"  # SGLang's own name for the weights it started with
     loads: int = 0
     refuse: bool = False
+    healthy: bool = True
+    """Whether `/health` answers 200 (else 503, as SGLang does while its scheduler is stuck)."""
     """Answer the next update `success: false`, as SGLang does when the weights do not fit the model."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     updates: list[dict[str, Any]] = field(default_factory=list)
@@ -99,6 +101,10 @@ def join_like_sglang(body: dict[str, Any]) -> Any:
 
 def create_fake_sglang(state: FakeSGLangState) -> FastAPI:
     app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> Any:
+        return Response(status_code=200 if state.healthy else 503)
 
     @app.post("/generate")
     async def generate(request: Request) -> Any:
