@@ -90,7 +90,14 @@ def test_a_server_killed_mid_step_leaves_the_step_to_the_other_and_rejoins_after
         )
         rollouts = open_fleet(config)
         try:
-            killer = threading.Timer(0.3, doomed.kill)  # by pid, while its two prompts are being generated
+
+            def kill_mid_step() -> None:  # by pid, once the step's requests are out (0.6 s each)
+                while len(survivor.requests) < 2:
+                    time.sleep(0.01)
+                time.sleep(0.1)
+                doomed.kill()
+
+            killer = threading.Thread(target=kill_mid_step, daemon=True)
             killer.start()
             out = rollouts.generate(plans(4))
             killer.join()

@@ -199,8 +199,10 @@ class RemoteRollouts:
         servers = [self.servers[i] for i in behind]
         failures = self._loop.run_until_complete(self.transport.deliver(servers, tensors, version))
         for index, failure in zip(behind, failures, strict=True):
-            if failure is not None:
+            if isinstance(failure, ServerError):
                 self.fleet.remove(index, f"weight update to version {version}: {failure}")
+            elif failure is not None:
+                raise failure  # not the server's doing: no other server would fare better
         self._version = version
         self._manifest = [(name, torch.empty_like(tensor, device="meta")) for name, tensor in tensors]
         # Every server in rotation holds it; a removed one loads it (not an older one) to come back.
