@@ -257,3 +257,13 @@ async def test_a_reload_loads_the_version_the_client_holds_again_as_a_restarted_
         await backend.update_weights(tensors, str(tmp_path / "v0"), 0, reload=True)
     await backend.aclose()
     assert [Path(u["location"]).name for u in state.updates] == ["v1", "v1"] and backend.policy_version == 1
+
+
+async def test_an_sglang_sample_that_fails_cancels_its_siblings_instead_of_leaving_them_running() -> None:
+    state = FakeSGLangState(fail_seed=11, delay_s=1.0)
+    with live_server(create_fake_sglang(state)) as url:
+        server = SGLangServer(ServerConfig(url))
+        with pytest.raises(ServerHTTPError, match="/generate: the server failed with HTTP 500: injected"):
+            await server.generate(PROMPT, SamplingParams(max_tokens=3, n=2, seed=10))
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # seed 10's request is not left behind
+        await server.aclose()

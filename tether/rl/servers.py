@@ -342,7 +342,13 @@ class SGLangServer(RolloutServer):
     async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
         one = replace(params, n=1)
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
-        return list(await asyncio.gather(*(self._one(prompt, one, seed, version) for seed in seeds)))
+        requests = [asyncio.ensure_future(self._one(prompt, one, seed, version)) for seed in seeds]
+        try:
+            return list(await asyncio.gather(*requests))
+        finally:  # one sample failed: its siblings must not go on running against the server
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
 
     async def _one(
         self, prompt: list[int], params: SamplingParams, seed: int | None, version: int
