@@ -23,10 +23,12 @@ __all__ = ["free_port", "live_server", "sandbox_fleet", "served_process"]
 
 
 @contextmanager
-def live_server(app: Any) -> Iterator[str]:
-    """`app` behind a real uvicorn on a free local port, in a background thread with its own loop."""
+def live_server(app: Any, port: int = 0) -> Iterator[str]:
+    """`app` behind a real uvicorn on a free local port (or `port`: a server restarted where another was),
+    in a background thread with its own loop."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from safetensors import safe_open
 
 # torch.distributed.TCPStore, documented there; typed stubs export it from here only.
@@ -36,6 +37,11 @@ class FakeSGLangState:
     weight_version: str = "default"  # SGLang's own name for the weights it started with
     loads: int = 0
     refuse: bool = False
+    healthy: bool = True
+    """Whether `/health` answers 200 (else 503, as SGLang does while its scheduler is stuck)."""
+    fail_seed: int | None = None
+    """A `sampling_seed` whose `/generate` answers 500 at once; the others wait `delay_s` first."""
+    delay_s: float = 0.0
     """Answer the next update `success: false`, as SGLang does when the weights do not fit the model."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     updates: list[dict[str, Any]] = field(default_factory=list)
@@ -100,11 +106,18 @@ def join_like_sglang(body: dict[str, Any]) -> Any:
 def create_fake_sglang(state: FakeSGLangState) -> FastAPI:
     app = FastAPI()
 
+    @app.get("/health")
+    async def health() -> Any:
+        return Response(status_code=200 if state.healthy else 503)
+
     @app.post("/generate")
     async def generate(request: Request) -> Any:
         body = await request.json()
         state.requests.append(body)
         sampling = body["sampling_params"]
+        if sampling.get("sampling_seed") == state.fail_seed:
+            return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
+        await asyncio.sleep(state.delay_s)
         count = int(sampling["max_new_tokens"])
         ids = [
             token_of(body["input_ids"], i, int(sampling.get("sampling_seed", 0)) % 7) for i in range(count)

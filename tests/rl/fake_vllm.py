@@ -1,5 +1,7 @@
 """A fake vLLM server for the remote rollout back end: token ids in, token ids and logprobs out, weight
-updates through vLLM's pause / start / update / finish / resume endpoints, and injected failures.
+updates through vLLM's pause / start / update / finish / resume endpoints, `/health`, and injected
+failures. Run as a module (`python -m tests.rl.fake_vllm PORT DELAY_S`) it is a process a test can kill
+by pid.
 
 Its "model" is arithmetic: token i of sample j is a function of the prompt, i and j, and every logprob
 encodes the weight version it was generated with (`logprob_of(version)`). A completion sleeps halfway
@@ -9,6 +11,7 @@ through, so an update that slipped in while it ran would show as two versions in
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,8 @@ class FakeState:
     delay_s: float = 0.0
     fail: dict[str, int] = field(default_factory=dict)
     """Endpoint -> HTTP status to answer once instead of working."""
+    broken: dict[str, int] = field(default_factory=dict)
+    """Endpoint -> HTTP status to answer every time (`/health` included)."""
     malformed: bool = False
     """Answer completions without the 'token_id:' spelling, as a server ignoring the flag would."""
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -57,8 +62,12 @@ def create_fake_vllm(state: FakeState) -> FastAPI:
     app = FastAPI()
 
     def injected(endpoint: str) -> JSONResponse | None:
-        status = state.fail.pop(endpoint, None)
+        status = state.fail.pop(endpoint, None) or state.broken.get(endpoint)
         return None if status is None else _error(status, f"injected failure of {endpoint}")
+
+    @app.get("/health")
+    async def health() -> Any:
+        return injected("/health") or PlainTextResponse("")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -126,7 +135,7 @@ def create_fake_vllm(state: FakeState) -> FastAPI:
         if (failure := injected("/update_weights")) is not None:
             return failure
         info = (await request.json())["update_info"]
-        with safe_open(str(Path(info["location"]) / "model.safetensors"), "pt") as stored:
+        with safe_open(str(Path(info["location"]) / "model.safetensors"), "numpy") as stored:
             found = {name: list(stored.get_slice(name).get_shape()) for name in stored.keys()}  # noqa: SIM118
         if found != dict(zip(info["names"], info["shapes"], strict=True)):
             return _error(400, f"update_info {info['names']} does not match the stored tensors {found}")
@@ -151,3 +160,12 @@ def create_fake_vllm(state: FakeState) -> FastAPI:
         return PlainTextResponse("")
 
     return app
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    port, delay_s = int(sys.argv[1]), float(sys.argv[2])
+    uvicorn.run(
+        create_fake_vllm(FakeState(delay_s=delay_s)), host="127.0.0.1", port=port, log_level="warning"
+    )

@@ -13,8 +13,9 @@ import torch
 
 from tests.live_server import live_server
 from tether.engine.weight_sync import SyncBackend
+from tether.rl.server_errors import ServerError
 from tether.rl.server_weights import CollectiveTransport, WeightsGroup
-from tether.rl.servers import ServerConfig, ServerError, SGLangServer
+from tether.rl.servers import ServerConfig, SGLangServer
 
 from .fake_sglang import FakeSGLangState, create_fake_sglang
 

@@ -15,18 +15,9 @@ import torch
 from tests.live_server import live_server
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
+from tether.rl.server_errors import ServerError, ServerHTTPError, ServerResponseError, ServerTimeoutError
 from tether.rl.server_weights import SafetensorsDirTransport
-from tether.rl.servers import (
-    RolloutServer,
-    ServerConfig,
-    ServerError,
-    ServerHTTPError,
-    ServerResponseError,
-    ServerSample,
-    ServerTimeoutError,
-    SGLangServer,
-    VLLMServer,
-)
+from tether.rl.servers import RolloutServer, ServerConfig, ServerSample, SGLangServer, VLLMServer
 
 from .fake_sglang import FakeSGLangState, create_fake_sglang
 from .fake_vllm import FakeState, create_fake_vllm, logprob_of, token_of
@@ -251,3 +242,28 @@ def test_the_safetensors_folder_keeps_only_the_version_the_servers_hold(tmp_path
     stored = load_file(str(tmp_path / "weights" / "v3" / "model.safetensors"))
     assert all(torch.equal(stored[name], tensor) for name, tensor in WEIGHTS.items())
     SafetensorsDirTransport(tmp_path / "absent").keep_only(1)  # nothing written yet: nothing to delete
+
+
+async def test_a_reload_loads_the_version_the_client_holds_again_as_a_restarted_server_needs(
+    fake: tuple[FakeState, str], state: FakeState, tmp_path: Path
+) -> None:
+    backend = vllm(fake)
+    await push(backend, tmp_path, 1)
+    tensors = list(WEIGHTS.items())
+    with pytest.raises(ServerError, match="expected an integer greater than 1"):
+        await backend.update_weights(tensors, str(tmp_path / "v1"), 1)
+    await backend.update_weights(tensors, str(tmp_path / "v1"), 1, reload=True)
+    with pytest.raises(ServerError, match="expected an integer at least 1"):
+        await backend.update_weights(tensors, str(tmp_path / "v0"), 0, reload=True)
+    await backend.aclose()
+    assert [Path(u["location"]).name for u in state.updates] == ["v1", "v1"] and backend.policy_version == 1
+
+
+async def test_an_sglang_sample_that_fails_cancels_its_siblings_instead_of_leaving_them_running() -> None:
+    state = FakeSGLangState(fail_seed=11, delay_s=1.0)
+    with live_server(create_fake_sglang(state)) as url:
+        server = SGLangServer(ServerConfig(url))
+        with pytest.raises(ServerHTTPError, match="/generate: the server failed with HTTP 500: injected"):
+            await server.generate(PROMPT, SamplingParams(max_tokens=3, n=2, seed=10))
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # seed 10's request is not left behind
+        await server.aclose()

@@ -20,9 +20,10 @@ from tether.models.threads import strict_matmul
 from tether.rl.agent_rollouts import register_agent_families
 from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner
+from tether.rl.remote_rollouts import server_rollouts
 from tether.rl.rewards import add_reward_components
 from tether.rl.sections import AgentJournal, Backend, RolloutBackend
-from tether.rl.sources import EngineRollouts, RolloutSource, server_rollouts
+from tether.rl.sources import EngineRollouts, RolloutSource
 from tether.rl.trainer import Trainer, sampling_params
 
 if TYPE_CHECKING:

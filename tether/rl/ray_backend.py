@@ -46,10 +46,11 @@ from tether.rl.ray_actors import (
 )
 from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
 from tether.rl.ray_sync import CollectiveSync
+from tether.rl.remote_rollouts import server_rollouts
 from tether.rl.rollout import PromptPlan
 from tether.rl.samples import Sample
 from tether.rl.sections import Backend, RaySection, RolloutBackend, WeightSync
-from tether.rl.sources import Generated, RolloutSource, server_rollouts
+from tether.rl.sources import Generated, RolloutSource
 from tether.rl.trainer import Trainer, sampling_params
 
 if TYPE_CHECKING:

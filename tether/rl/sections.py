@@ -233,6 +233,9 @@ _REMOTE = (
     "weights_dir",
     "api_key_env",
     "sync_host",
+    "health_timeout_s",
+    "server_attempts",
+    "server_probe_s",
 )  # the settings only servers read
 
 
@@ -261,6 +264,29 @@ class RolloutSection(Section):
         gt=0,
         allow_inf_nan=False,
         description="vllm/sglang: longest wait for one server answer, a whole completion included, s.",
+    )
+    health_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="vllm/sglang: longest wait for a server's health check (GET /health), s; a server "
+        "that fails one, or a request (refused, reset, timed out, 5xx) or a weight update, leaves the "
+        "rotation and its prompts go to the others.",
+    )
+    server_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="vllm/sglang: most times one prompt is sent (the same seeds each time, on another "
+        "server after one failed it); then its samples come back infra-failed (engine_failure).",
+    )
+    server_probe_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="vllm/sglang: wait before a removed server is probed again at a step's start, s, "
+        "doubled after each failed probe (at most 10 minutes); it rejoins once it has loaded the "
+        "current weights.",
     )
     weights_dir: Path | None = Field(
         None,

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from tether.engine.weight_sync import SyncBackend, standalone_backend
-from tether.rl.servers import RolloutServer, ServerError, Tensors
+from tether.rl.server_errors import ServerError
+from tether.rl.servers import RolloutServer, Tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +69,16 @@ class SafetensorsDirTransport:
         await asyncio.to_thread(save_file, contiguous, str(folder / "model.safetensors"))
         return str(folder)
 
-    async def deliver(self, servers: Sequence[RolloutServer], tensors: Tensors, version: int) -> None:
-        """Write `version` once; every server loads it."""
-        await update_fleet(servers, tensors, await self.send(tensors, version), version)
+    async def deliver(
+        self, servers: Sequence[RolloutServer], tensors: Tensors, version: int
+    ) -> list[Exception | None]:
+        """Write `version` once; every server loads it. Returns each server's failure (None: loaded)."""
+        return await update_fleet(servers, tensors, await self.send(tensors, version), version)
+
+    async def reload(self, server: RolloutServer, tensors: Tensors, version: int) -> None:
+        """`server` loads `version` from its folder (written by `deliver`) again, or for the first time:
+        a server coming back to the fleet. `tensors` only name them (meta tensors do)."""
+        await server.update_weights(tensors, str(self.folder(version)), version, reload=True)
 
     def keep_only(self, version: int) -> None:
         """Delete every version folder but `version`'s: once every server loaded it, no older one is read
@@ -84,15 +92,16 @@ class SafetensorsDirTransport:
 
 async def update_fleet(
     servers: Sequence[RolloutServer], tensors: Tensors, location: str | WeightsGroup, version: int
-) -> None:
-    """Every server loads `location` as `version`. Not cancelled when one fails (a server left halfway
-    through a load holds unknown weights): all finish, then the first failure is raised."""
+) -> list[Exception | None]:
+    """Every server loads `location` as `version`; returns each one's failure (None: loaded). Not
+    cancelled when one fails (a server left halfway through a load holds unknown weights): all finish."""
     outcomes = await asyncio.gather(
         *(server.update_weights(tensors, location, version) for server in servers), return_exceptions=True
     )
     for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
+        if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+            raise outcome  # cancelled or interrupted: not a server's failure
+    return [outcome if isinstance(outcome, Exception) else None for outcome in outcomes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +140,12 @@ class CollectiveTransport:
         self._data: Any = None  # the backend the buckets travel on
         self._broken: str | None = None
 
-    async def deliver(self, servers: Sequence[RolloutServer], tensors: Tensors, version: int) -> None:
+    async def deliver(
+        self, servers: Sequence[RolloutServer], tensors: Tensors, version: int
+    ) -> list[Exception | None]:
         """Every server holds `version` (`tensors` as given, in the servers' dtype) on return; the fleet
-        moves as one, since the group spans all of it."""
+        moves as one, since the group spans all of it: one server's failure is raised (the group is
+        then unusable), never returned."""
         if self._broken is not None:
             raise ServerError(
                 f"the weight broadcast group is unusable since an update failed: {self._broken}"
@@ -144,17 +156,25 @@ class CollectiveTransport:
         if len(servers) != self.group.world_size - 1:
             raise ServerError(
                 f"a weight broadcast reaches the whole fleet of {self.group.world_size - 1} servers; "
-                f"{len(servers)} of them were to load version {version}"
+                f"{len(servers)} of them were to load version {version} (a server removed from the fleet "
+                "cannot rejoin its group: use rollout.weight_sync = 'safetensors' to fail over)"
             )
         cast = [(name, tensor.detach().to(self.backend.device)) for name, tensor in tensors]
         try:
             await _together(
                 asyncio.to_thread(self._broadcast, cast),
-                update_fleet(servers, cast, self.group, version),
+                _all_loaded(servers, cast, self.group, version),
             )
         except BaseException as error:
             self._broken = str(error) or type(error).__name__
             raise
+        return [None] * len(servers)
+
+    async def reload(self, server: RolloutServer, tensors: Tensors, version: int) -> None:
+        raise ServerError(
+            f"{server.url} left the fleet, and a weight broadcast group cannot take a server back: it "
+            "spans the fleet as it was formed; use rollout.weight_sync = 'safetensors' to fail over"
+        )
 
     def keep_only(self, version: int) -> None:
         """Nothing to delete: no version outlives its broadcast."""
@@ -181,6 +201,14 @@ class CollectiveTransport:
                 self._data.broadcast([tensor.contiguous()], options).wait(self.timeout)
             except RuntimeError as error:  # gloo and NCCL report a dead or slow peer this way
                 raise ServerError(f"the weight broadcast to the servers failed: {error}") from None
+
+
+async def _all_loaded(
+    servers: Sequence[RolloutServer], tensors: Tensors, location: WeightsGroup, version: int
+) -> None:
+    for failure in await update_fleet(servers, tensors, location, version):
+        if failure is not None:
+            raise failure
 
 
 async def _together(thread: Any, requests: Any) -> tuple[Any, Any]:

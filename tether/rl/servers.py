@@ -1,5 +1,5 @@
-"""Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source (`sources.py`) spreads
-a step's prompts over.
+"""Rollout servers over HTTP: the vLLM and SGLang clients a `RemoteRollouts` source
+(`remote_rollouts.py`) spreads a step's prompts over.
 
 A client generates n samples from token ids (token ids, behaviour logprobs and the policy version of every
 token come back; nothing is re-tokenized) and loads weights a transport has put somewhere the server sees.
@@ -24,35 +24,22 @@ import httpx
 import torch
 
 from tether.engine.sampling import SamplingParams
-from tether.errors import ConfigError, TetherError
+from tether.errors import ConfigError
 from tether.rl.sections import URL_PATTERN, RolloutBackend
+from tether.rl.server_errors import (
+    ServerError,
+    ServerHTTPError,
+    ServerResponseError,
+    ServerTimeoutError,
+    ServerUnreachableError,
+    ServerWeightsError,
+    error_message,
+)
 
 if TYPE_CHECKING:
     from tether.rl.server_weights import WeightsGroup
 
 Tensors = list[tuple[str, torch.Tensor]]
-
-
-class ServerError(TetherError):
-    """A rollout server failed, refused a request or answered something unusable."""
-
-
-class ServerHTTPError(ServerError):
-    """The server answered with an error status; `status` and the server's own message are kept."""
-
-    def __init__(self, endpoint: str, status: int, message: str) -> None:
-        kind = "rejected the request" if status < 500 else "failed"
-        super().__init__(f"{endpoint}: the server {kind} with HTTP {status}: {message}")
-        self.endpoint = endpoint
-        self.status = status
-
-
-class ServerTimeoutError(ServerError):
-    """No complete answer within `timeout_s`."""
-
-
-class ServerResponseError(ServerError):
-    """The server answered 2xx with a body that lacks what the client relies on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +68,8 @@ class ServerConfig:
     """The served model name (vLLM's `model` field)."""
     timeout_s: float = 600.0
     """Longest wait for one HTTP answer, a whole completion included."""
+    health_timeout_s: float = 10.0
+    """Longest wait for the answer to a health check."""
     api_key: str | None = None
     initial_version: int = 0
     """The version of the weights the server was started with."""
@@ -88,9 +77,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not re.match(URL_PATTERN, self.base_url):
             raise ConfigError(f"rollout server: base_url = {self.base_url!r}: expected http(s)://host[:port]")
-        number = isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
-        if not (number and math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError(f"rollout server: timeout_s = {self.timeout_s!r}: expected a number > 0")
+        for name in ("timeout_s", "health_timeout_s"):
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
+                raise ConfigError(f"rollout server: {name} = {value!r}: expected a number > 0")
 
 
 class _Gate:
@@ -138,7 +129,10 @@ class _ServerState:
 
 class RolloutServer(ABC):
     """One server of a fleet: one HTTP client, errors mapped to `ServerError`, versions numbered on the
-    client and kept exact by its own gate. Subclasses speak one server's dialect."""
+    client and kept exact by its own gate. Subclasses speak one server's dialect, its health route
+    included (`tether serve` answers `/healthz`, but takes no weights over HTTP: no client here)."""
+
+    health_path = "/health"
 
     def __init__(self, config: ServerConfig, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
@@ -156,17 +150,17 @@ class RolloutServer(ABC):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    @property
+    def url(self) -> str:
+        return self.config.base_url
+
+    async def health(self) -> None:
+        """Returns if the server answers its health route with 2xx within `health_timeout_s` (whatever
+        the body); raises a `ServerError` saying what it answered otherwise."""
+        await self._send("GET", self.health_path, self.config.health_timeout_s)
+
     async def _post(self, endpoint: str, body: Any = None, params: Mapping[str, str] | None = None) -> Any:
-        try:
-            response = await self._client.post(endpoint, json=body, params=params)
-        except httpx.TimeoutException as error:
-            raise ServerTimeoutError(
-                f"{endpoint}: no answer from {self.config.base_url} within {self.config.timeout_s} s"
-            ) from error
-        except httpx.HTTPError as error:
-            raise ServerError(f"{endpoint}: cannot reach {self.config.base_url}: {error!r}") from error
-        if response.status_code >= 400:
-            raise ServerHTTPError(endpoint, response.status_code, _error_message(response))
+        response = await self._send("POST", endpoint, self.config.timeout_s, body, params)
         if not response.content:
             return None
         try:
@@ -176,26 +170,58 @@ class RolloutServer(ABC):
                 f"{endpoint}: expected a JSON body, got {response.text[:200]!r}"
             ) from error
 
+    async def _send(
+        self,
+        method: str,
+        endpoint: str,
+        timeout_s: float,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """The 2xx answer within `timeout_s`, the whole answer included (httpx's timeouts bound each read
+        only: a server trickling bytes would never time out)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.request(
+                    method, endpoint, json=body, params=params, timeout=timeout_s
+                )
+        except (httpx.TimeoutException, TimeoutError) as error:
+            raise ServerTimeoutError(
+                f"{endpoint}: no answer from {self.config.base_url} within {timeout_s} s"
+            ) from error
+        except httpx.HTTPError as error:
+            raise ServerUnreachableError(
+                f"{endpoint}: cannot reach {self.config.base_url}: {error!r}"
+            ) from error
+        if response.status_code >= 400:
+            raise ServerHTTPError(endpoint, response.status_code, error_message(response))
+        return response
+
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[ServerSample]:
         """`params.n` samples of one prompt, in sample order; concurrent calls are batched by the server."""
         prompt = _check_prompt(prompt_token_ids)
         async with self._state.gate.request():
             if self._state.broken is not None:
-                raise ServerError(f"the last weight update failed ({self._state.broken}); update again first")
+                raise ServerWeightsError(
+                    f"the last weight update failed ({self._state.broken}); update again first"
+                )
             return await self._generate(prompt, params, self._state.version)
 
     async def join_group(self, group: WeightsGroup, rank_offset: int) -> None:
         """Join the trainer's weight broadcast group as rank `rank_offset` (returns once it is formed)."""
         raise ServerError(f"{type(self).__name__} does not take weights over a process group")
 
-    async def update_weights(self, tensors: Tensors, location: str | WeightsGroup, version: int) -> None:
-        """Load the weights a transport put at `location` as `version` (above every earlier one); returns
+    async def update_weights(
+        self, tensors: Tensors, location: str | WeightsGroup, version: int, reload: bool = False
+    ) -> None:
+        """Load the weights a transport put at `location` as `version` (above every earlier one; with
+        `reload`, the version it holds may be loaded anew, as a server that restarted lost it); returns
         once they serve requests. `tensors` name them (with dtypes and shapes) for the servers that ask."""
         if not tensors:
             raise ServerError("a weight update needs at least one named tensor; got none")
-        self._check_version(version)
+        self._check_version(version, reload)
         async with self._state.gate.update():
-            self._check_version(version)  # again: another update may have gone first
+            self._check_version(version, reload)  # again: another update may have gone first
             try:
                 await self._load(tensors, location, version)
             except BaseException as error:  # cancelled too: the server may hold part of the new weights
@@ -205,11 +231,12 @@ class RolloutServer(ABC):
             self._state.broken = None
             self._state.loaded = True
 
-    def _check_version(self, version: int) -> None:
-        if isinstance(version, bool) or not isinstance(version, int) or version <= self._state.version:
-            raise ServerError(
-                f"weight update version {version!r}: expected an integer greater than {self._state.version}"
-            )
+    def _check_version(self, version: int, reload: bool) -> None:
+        lowest = self._state.version + (0 if reload else 1)
+        if isinstance(version, bool) or not isinstance(version, int) or version < lowest:
+            relation = "at least" if reload else "greater than"
+            expected = self._state.version
+            raise ServerError(f"weight update version {version!r}: expected an integer {relation} {expected}")
 
     @abstractmethod
     async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
@@ -231,7 +258,7 @@ class VLLMServer(RolloutServer):
     Weights: `POST /pause?mode=wait`, `/start_weight_update {"is_checkpoint_format": true}`,
     `/update_weights {"update_info": {names, dtype_names, shapes, packed, location}}`,
     `/finish_weight_update`, `/reset_prefix_cache`, then `/resume`. vLLM keeps no version: the client
-    numbers them.
+    numbers them. Health: `GET /health`, 200 while its engine runs.
     """
 
     async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
@@ -308,12 +335,20 @@ class SGLangServer(RolloutServer):
         group (`server_weights.py`) `POST /init_weights_update_group` once, then per version
         `POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
         "flush_cache": true, "weight_version"}`; each answered `{"success": bool, "message": str}`.
+    Health: `GET /health` (not `/health_generate`, whose one-token generation queues behind a full batch
+    and would time out on a server that is merely busy).
     """
 
     async def _generate(self, prompt: list[int], params: SamplingParams, version: int) -> list[ServerSample]:
         one = replace(params, n=1)
         seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
-        return list(await asyncio.gather(*(self._one(prompt, one, seed, version) for seed in seeds)))
+        requests = [asyncio.ensure_future(self._one(prompt, one, seed, version)) for seed in seeds]
+        try:
+            return list(await asyncio.gather(*requests))
+        finally:  # one sample failed: its siblings must not go on running against the server
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
 
     async def _one(
         self, prompt: list[int], params: SamplingParams, seed: int | None, version: int
@@ -338,7 +373,7 @@ class SGLangServer(RolloutServer):
         served = meta.get("weight_version")
         # Until we load weights, the server serves its own under its own name ("default").
         if self._state.loaded and served is not None and str(served) != str(version):
-            raise ServerError(
+            raise ServerWeightsError(
                 f"/generate: the server generated with weight version {served!r}, expected {version}: "
                 "another client updated its weights"
             )
@@ -411,22 +446,6 @@ def _field(container: object, key: str, kind: type, where: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ServerResponseError(f"{where}: expected {key!r} as {kind.__name__}, got {value!r}")
     return value
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The message of vLLM's {"message"}, FastAPI's {"detail"} or SGLang's {"error": {"message"}} bodies."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300] or response.reason_phrase
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        for key in ("message", "detail", "error"):
-            if key in body:
-                return str(body[key])
-    return str(body)[:300]
 
 
 # The client class of each remote `rollout.backend`.
