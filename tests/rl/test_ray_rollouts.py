@@ -39,7 +39,7 @@ class FakeWorker:
     bundle: int
     pid: int
     fault: str | None = None
-    version: int = 0
+    held: int = 0  # the version its engine holds
     killed: bool = False
     calls: list[list[PromptPlan]] = field(default_factory=list)
 
@@ -53,11 +53,13 @@ class FakeWorker:
                 return Ref(error=ActorDied(f"actor {self.pid} died: SIGKILL"))
             if fault == "hang":
                 return Ref(hangs=True)
-            return Ref(_generated(args[0], self.version))
+            return Ref(_generated(args[0], self.held))
         if method == "load":
-            self.version = args[1]
+            if self.fault == "die":
+                return Ref(error=ActorDied(f"actor {self.pid} died: SIGKILL"))
+            self.held = args[1]
             return Ref()
-        answers = {"whereabouts": Whereabouts(self.pid, "10.0.0.1"), "version": self.version}
+        answers = {"whereabouts": Whereabouts(self.pid, "10.0.0.1"), "version": self.held}
         return Ref(answers.get(method))
 
     def __getattr__(self, method: str) -> Any:
@@ -132,7 +134,7 @@ def test_a_lost_worker_is_replaced_in_its_bundle_at_the_fleets_version_and_its_s
     out = fleet.generate(PLANS)
     replacement = started[2]
     assert started[1].killed and replacement.bundle == started[1].bundle
-    assert replacement.version == 3  # brought to the fleet's version before it generated
+    assert replacement.held == 3  # brought to the fleet's version before it generated
     assert replacement.calls == [started[1].calls[-1]]  # the lost shard, with the same plans and seeds
     assert fleet.slots[1].handle is replacement and fleet.slots[1].where.pid == replacement.pid
     assert [r.completion_ids for r in out.rollouts] == [r.completion_ids for r in undisturbed.rollouts]
@@ -161,3 +163,13 @@ def test_a_lost_worker_with_no_replacement_left_fails_the_step_naming_it_and_clo
     ) as died:
         fleet2.generate(PLANS)
     assert not died.value.hung
+
+
+def test_a_worker_lost_while_it_loads_weights_is_replaced_at_that_version_and_counted_next_step() -> None:
+    fleet, started = _fleet(workers=2, max_restarts=1)
+    started[0].fault = "die"
+    fleet.load(iter([("w", torch.ones(1))]), 1)
+    assert started[0].killed and started[2].held == 1 and fleet.versions() == [1, 1]
+    out = fleet.generate(PLANS)
+    assert out.counters == {WORKERS_REPLACED: 1.0}  # nothing was generated twice
+    assert all(r.retries == 0 for r in out.rollouts)

@@ -179,7 +179,8 @@ class RayTrainer(Trainer):
     """The local loop with Ray rollouts and/or a remote learner (whose state checkpoints pull); it owns
     the cluster. A learner actor that is lost (`LearnerLostError`) makes the run start new actors and
     resume from its last checkpoint (from the start without one), up to `ray.max_learner_restarts`
-    times; `restart` None (a server fleet, which cannot go back to an older version): the run stops."""
+    times; `restart` None (a sharded learner, or a server fleet, which cannot go back to an older
+    version): the run stops."""
 
     def __init__(
         self,
@@ -297,7 +298,10 @@ def build_ray_trainer(
             return start_actors(ray, cluster, config, registry, sandbox, servers)
 
         learner, rollouts = start()
-        restart = start if learner_actor and servers is None else None
+        # A sharded learner's ranks fail as a group (`LearnerRankError`) and a server fleet cannot go back
+        # to an older version: neither resumes by itself.
+        single = learner_actor and config.learner.strategy is Strategy.SINGLE
+        restart = start if single and servers is None else None
         trainer = RayTrainer(config, learner, rollouts, registry, cluster, restart)
     except BaseException:
         try:

@@ -5,7 +5,8 @@ within `[ray] call_timeout_s` is killed and replaced by a fresh actor in its pla
 brought to the fleet's policy version through the object store, and its shard is issued again with the
 same plans, hence the same sampling seeds: a sync run's tokens do not depend on which engine made them,
 so the step's rollouts are what they would have been. Over a collective the weight-sync group is formed
-again with the new worker once the step's shards are in. At most `[ray] max_worker_restarts`
+again with the new worker once the step's shards are in; a worker lost while pulling weights from the
+object store is replaced the same way (counted with the next step). At most `[ray] max_worker_restarts`
 replacements per run; then the step fails with an `ActorLostError` naming the worker. Replacements and
 the samples issued again are counted in `Generated.counters`. Not covered: a worker lost while a
 collective broadcast is under way (the broadcast fails after the group's timeout, naming its rank).
@@ -120,6 +121,7 @@ class RayRollouts:
         # What a replacement is brought up to date from: the weights of `_version`, as `load` got them.
         self._weights: RemoteWeights | Weights | Any = None
         self._lost: set[int] = set()  # slots whose actor is gone for good (no replacement was left)
+        self._replaced_between_steps = 0  # workers replaced while loading weights
 
     @property
     def workers(self) -> list[Any]:
@@ -128,64 +130,80 @@ class RayRollouts:
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         shards = shard_plans(plans, len(self.slots))
         busy = [index for index, shard in enumerate(shards) if shard]
-        outputs: dict[int, Generated] = {}
-        calls: dict[Any, int] = {}  # an outstanding generate call -> its slot
-        deadlines = Deadlines(self.call_timeout_s)
-        counters: dict[str, float] = {}
-        reissued = dict.fromkeys(busy, 0)  # times each shard was issued again
 
-        def issue(index: int) -> None:
-            calls[self.slots[index].handle.generate.remote(shards[index])] = index
+        def issue(index: int) -> Any:
+            return self.slots[index].handle.generate.remote(shards[index])
+
+        outputs, replaced = self._gather("generate", busy, issue, again=True)
+        if replaced and self.collective is not None:
+            # Every worker is idle now: the group forms again with the replacements (they hold the
+            # fleet's version already, from the object store).
+            self.collective = self.collective.reform(self.workers)
+        for index in set(replaced):
+            for rollout in outputs[index].rollouts:
+                rollout.retries += replaced.count(index)
+        merged = merge_shards(plans, [outputs[index] for index in busy])
+        counters = {
+            WORKERS_REPLACED: float(len(replaced) + self._replaced_between_steps),
+            RETRIED_WORKER_LOST: float(sum(len(shards[i]) for i in replaced) * self.samples_per_prompt),
+        }
+        self._replaced_between_steps = 0
+        for key, value in counters.items():
+            if value:
+                merged.counters[key] = merged.counters.get(key, 0.0) + value
+        return merged
+
+    def _gather(
+        self, method: str, indices: Iterable[int], issue: Callable[[int], Any], again: bool
+    ) -> tuple[dict[int, Any], list[int]]:
+        """`issue(index)`, a call to slot `index`'s actor, for each of `indices`, and their answers by slot,
+        each within the deadline; a lost worker is replaced (and with `again` its call issued to the
+        replacement). Returns the answers and the slots replaced, once per replacement."""
+        answers: dict[int, Any] = {}
+        replaced: list[int] = []
+        calls: dict[Any, int] = {}  # an outstanding call -> its slot
+        deadlines = Deadlines(self.call_timeout_s)
+
+        def start(index: int) -> None:
+            calls[issue(index)] = index
             deadlines.start(index)
 
-        def replace_lost(index: int, error: Exception | None) -> None:
-            self._replace(index, "generate", error)
-            counters[WORKERS_REPLACED] = counters.get(WORKERS_REPLACED, 0.0) + 1
-            retried = len(shards[index]) * self.samples_per_prompt
-            counters[RETRIED_WORKER_LOST] = counters.get(RETRIED_WORKER_LOST, 0.0) + retried
-            reissued[index] += 1
-            issue(index)
+        def replace(index: int, error: Exception | None) -> None:
+            self._replace(index, method, error)
+            replaced.append(index)
+            if again:
+                start(index)
 
-        for index in busy:
-            issue(index)
+        for index in indices:
+            start(index)
         while calls:
             ready, _ = self.ray.wait(list(calls), num_returns=1, timeout=deadlines.wait_s())
             for ref in ready:
                 index = calls.pop(ref)
                 deadlines.done(index)
                 try:
-                    outputs[index] = self.ray.get(ref)
+                    answers[index] = self.ray.get(ref)
                 except self.ray.exceptions.RayActorError as error:
-                    replace_lost(index, error)
+                    replace(index, error)
             for index in deadlines.overdue():
-                calls = {ref: i for ref, i in calls.items() if i != index}
+                for ref in [ref for ref, slot in calls.items() if slot == index]:
+                    del calls[ref]
                 deadlines.done(index)
-                replace_lost(index, None)
-        if counters and self.collective is not None:
-            # Every worker is idle now: the group forms again with the replacements (they hold the
-            # fleet's version already, from the object store).
-            self.collective = self.collective.reform(self.workers)
-        for index, times in reissued.items():
-            for rollout in outputs[index].rollouts:
-                rollout.retries += times
-        merged = merge_shards(plans, [outputs[index] for index in busy])
-        for key, value in counters.items():
-            merged.counters[key] = merged.counters.get(key, 0.0) + value
-        return merged
+                replace(index, None)
+        return answers, replaced
 
     def _replace(self, index: int, method: str, error: Exception | None) -> None:
         """Kill slot `index`'s actor and start another in its bundle at the fleet's version, or raise
         `ActorLostError` when no replacement is left."""
         slot = self.slots[index]
         message = lost(self.ray, slot.handle, slot.name, method, self.call_timeout_s, error)
+        self._lost.add(index)  # until a replacement serves
         if self.restarts_left == 0:
-            self._lost.add(index)
             raise ActorLostError(
                 f"{message}; no replacement left (ray.max_worker_restarts = {self.max_restarts})",
                 hung=error is None,
             ) from error
         self.restarts_left -= 1
-        self._lost.add(index)  # until the replacement serves
         handle = self.start_worker(slot.bundle)
         name = ActorName(f"rollout worker {index} (replacement)")
         # Placed (once the lost actor's resources are free) and its engine loaded, then one call.
@@ -219,11 +237,16 @@ class RayRollouts:
             source = weights if isinstance(weights, RemoteWeights) else dict(weights)
             self.collective.push(None if isinstance(source, RemoteWeights) else source.items(), version)
             self._weights = source
+            self._version = version
         else:
             ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
-            self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
-            self._weights = ref
-        self._version = version
+            self._weights, self._version = ref, version  # what a replacement loads, from now on
+
+            def issue(index: int) -> Any:
+                return self.slots[index].handle.load.remote(ref, version)
+
+            _, replaced = self._gather("load", range(len(self.slots)), issue, again=False)
+            self._replaced_between_steps += len(replaced)  # counted with the next step
 
     def versions(self) -> list[int]:
         """The policy version each worker's engine holds."""

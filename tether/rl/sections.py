@@ -374,8 +374,9 @@ class RaySection(Section):
     max_worker_restarts: int = Field(
         3,
         ge=0,
-        description="Rollout workers replaced per run after dying or hanging (their prompts are issued "
-        "again with the same seeds); one more loss stops the run naming the worker.",
+        description="Rollout workers replaced after dying or hanging (their prompts are issued again "
+        "with the same seeds), per run and again after a learner resumption; one more loss stops the "
+        "run naming the worker.",
     )
     max_learner_restarts: int = Field(
         2,
