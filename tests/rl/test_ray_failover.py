@@ -13,19 +13,22 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from tether.rl.ray_backend import RESUMPTIONS, RayTrainer
-from tether.rl.ray_failover import ActorLostError
+from tether.rl.ray_failover import ActorLostError, LearnerLostError
 from tether.rl.ray_rollouts import RETRIED_WORKER_LOST, WORKERS_REPLACED, RayRollouts
 
+from .fake_envs import fake_registry
 from .ray_faults import StallingWorker, arm_stall, stalled_pid
 from .test_ray_backend import _ray_config, _ray_trainer, _stable, ray_cluster  # noqa: F401
 from .test_trainer import make_trainer, tiny_config
 
 Metrics = dict[str, float]
-pytestmark = pytest.mark.usefixtures("ray_cluster")  # one local Ray cluster for the module
+on_ray = pytest.mark.usefixtures("ray_cluster")  # one local Ray cluster for the module
 
 
 @pytest.fixture
@@ -49,6 +52,7 @@ def _run(trainer: RayTrainer, on_step: Callable[[Metrics], None] | None = None) 
         trainer.close()
 
 
+@on_ray
 def test_a_rollout_worker_killed_by_pid_mid_step_is_replaced_and_the_run_trains_the_same_samples(
     tiny_model: Callable[[str], Path], tmp_path: Path, stalling_workers: None
 ) -> None:
@@ -89,6 +93,7 @@ def test_a_rollout_worker_killed_by_pid_mid_step_is_replaced_and_the_run_trains_
         assert _stable(got) == pytest.approx(_stable(want), abs=1e-5)
 
 
+@on_ray
 def test_a_stalled_worker_with_no_replacement_left_fails_the_step_naming_it(
     tiny_model: Callable[[str], Path], tmp_path: Path, stalling_workers: None
 ) -> None:
@@ -109,6 +114,7 @@ def test_a_stalled_worker_with_no_replacement_left_fails_the_step_naming_it(
     assert time.monotonic() - started < 30  # the deadline, not the stall (an hour)
 
 
+@on_ray
 @pytest.mark.slow  # a third set of actors; the object-store path's fast smoke: test_ray_rollouts.py
 def test_a_stalled_worker_is_replaced_through_the_object_store(
     tiny_model: Callable[[str], Path], tmp_path: Path, stalling_workers: None
@@ -134,6 +140,7 @@ def test_a_stalled_worker_is_replaced_through_the_object_store(
     assert "1 rollout worker(s) replaced" in report
 
 
+@on_ray
 def test_a_learner_actor_killed_mid_run_resumes_from_its_last_checkpoint_and_finishes(
     tiny_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
@@ -167,3 +174,21 @@ def test_a_learner_actor_killed_mid_run_resumes_from_its_last_checkpoint_and_fin
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
     report = (config.run_dir / "report.html").read_text()
     assert re.search(r"Resumed from its last checkpoint 1 time\(s\) after losing the learner", report)
+
+
+def test_a_lost_learner_with_no_resumption_left_stops_the_run_naming_the_limit(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = tiny_config(
+        tiny_model("qwen3"), tmp_path, run={"backend": "ray"}, ray={"max_learner_restarts": 0}
+    )
+    unused: Any = SimpleNamespace()  # nothing is started, loaded or killed on the way out
+
+    def restart() -> Any:
+        raise AssertionError("no restart is left")
+
+    trainer = RayTrainer(config, unused, unused, fake_registry(), unused, restart)
+    message = r"the learner actor died; the run already resumed 0 time\(s\) \(ray.max_learner_restarts = 0\)"
+    with pytest.raises(LearnerLostError, match=message) as stopped:
+        trainer.resume_after(LearnerLostError("the learner actor died", hung=False))
+    assert not stopped.value.hung and trainer.resumptions == 0
