@@ -1,7 +1,8 @@
 """Ray actors lost mid-run: a rollout worker killed by pid or stalled past `ray.call_timeout_s` is
 replaced and its prompts issued again with their seeds (the run trains what an undisturbed run trains),
 a stall with no replacement left fails naming the worker, and a learner actor killed mid-run makes the
-run resume from its last checkpoint on new actors. On the module's local Ray cluster (2 CPUs)."""
+run resume from its last checkpoint on new actors; an async run's rollout thread gets a replacement too.
+On the module's local Ray cluster (2 CPUs)."""
 
 from __future__ import annotations
 
@@ -192,3 +193,20 @@ def test_a_lost_learner_with_no_resumption_left_stops_the_run_naming_the_limit(
     with pytest.raises(LearnerLostError, match=message) as stopped:
         trainer.resume_after(LearnerLostError("the learner actor died", hung=False))
     assert not stopped.value.hung and trainer.resumptions == 0
+
+
+@on_ray
+@pytest.mark.slow  # another set of actors; the fleet's logic is the sync tests'
+def test_an_async_run_replaces_a_stalled_worker_and_keeps_the_staleness_bound(
+    tiny_model: Callable[[str], Path], tmp_path: Path, stalling_workers: None
+) -> None:
+    run = {"steps": 3, "checkpoint_every": 5, "mode": "async", "max_staleness": 1}
+    model = tiny_model("qwen3")
+    expected = _local_run(model, tmp_path / "local", run=run)
+    ray = {"rollout_workers": 1, "learner_cpus": 1.0, "rollout_cpus": 1.0, "call_timeout_s": 10.0}
+    config = tiny_config(model, tmp_path / "ray", run={**run, "backend": "ray"}, ray=ray)
+    arm_stall(config.run_dir)  # the rollout thread's first batch stalls: the replacement makes it
+    history = _run(_ray_trainer(config))
+    assert [m.get(WORKERS_REPLACED, 0) for m in history] == [1, 0, 0]
+    assert [m["staleness_max"] for m in history] == [0, 1, 1]
+    assert [m["reward"] for m in history] == [m["reward"] for m in expected]
