@@ -134,6 +134,9 @@ def test_placement_group_has_a_bundle_per_learner_rank_then_one_per_worker() -> 
         ({}, {"rollout_workers": 0}, "ray.rollout_workers = 0"),
         ({}, {"learner_cpus": 0}, "ray.learner_cpus = 0"),
         ({}, {"workers": 2}, "unknown key 'ray.workers'"),
+        ({}, {"call_timeout_s": 0}, "ray.call_timeout_s = 0"),
+        ({}, {"max_worker_restarts": -1}, "ray.max_worker_restarts = -1"),
+        ({}, {"max_learner_restarts": 1.5}, "ray.max_learner_restarts = 1.5"),
         ({"device": "cuda:1"}, {"rollout": True}, "model.device = 'cuda:1' with rollout.backend = 'ray'"),
         (
             {"device": "cuda"},

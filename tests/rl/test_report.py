@@ -172,3 +172,15 @@ def test_the_evaluation_survives_the_trainers_later_rewrites(tmp_path: Path) -> 
     write_report(tmp_path, EVALUATION)
     page = write_report(tmp_path).read_text()  # a checkpoint of a resumed run: no evaluation passed
     assert page.index('<table id="evaluation">') < page.index("<img")
+
+
+def test_the_report_says_when_the_run_resumed_or_replaced_rollout_workers() -> None:
+    assert "failover" not in render_report(_rows(), "tether run demo")  # nothing to say: no line
+    rows = _rows()
+    rows[1]["rollout/workers_replaced"] = 2.0
+    rows[2].update({"run/resumptions": 1.0, "rollout/workers_replaced": 1.0})
+    page = render_report(rows, "tether run demo")
+    assert (
+        '<p class="failover">Resumed from its last checkpoint 1 time(s) after losing the learner; '
+        "3 rollout worker(s) replaced.</p>"
+    ) in page

@@ -26,6 +26,7 @@ from tether.rl.builders import make_engine, make_learner
 from tether.rl.config import TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Learner, LearnStats
+from tether.rl.ray_failover import Whereabouts
 from tether.rl.rollout import PromptPlan
 from tether.rl.samples import Sample
 from tether.rl.sharded import ShardedLearner
@@ -69,6 +70,10 @@ class RolloutWorker:
         params = sampling_params(config.rollout)
         self.rollouts = EngineRollouts(engine, tokenizer, registry, ScoringContext(sandbox), params)
         self.receiver: WeightReceiver | None = None
+
+    def whereabouts(self) -> Whereabouts:
+        """This actor's pid and node (for messages naming it); answering means the engine has loaded."""
+        return Whereabouts.here(require_ray())
 
     def generate(self, plans: list[PromptPlan]) -> Generated:
         return self.rollouts.generate(plans)
@@ -127,6 +132,10 @@ class LearnerActor:
     def device(self) -> str:
         """Where the learner runs; answering at all means the model has loaded."""
         return str(self.learner.device)
+
+    def whereabouts(self) -> Whereabouts:
+        """This actor's pid and node (for messages naming it)."""
+        return Whereabouts.here(require_ray())
 
     def step(self, samples: list[Sample]) -> LearnStats:
         _use_cpus(self.cpus)  # torch's thread count is per thread, and a threaded actor has several

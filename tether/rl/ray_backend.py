@@ -11,7 +11,10 @@ the policy version, so recorded versions and the `max_staleness` bound hold acro
 broadcast over a torch.distributed group from wherever the learner is (`ray_sync.py`, the default), or
 with `rollout.weight_sync = "object_store"` once into Ray's object store, every worker pulling them.
 The driver keeps a CPU copy of the learner's state that is refreshed only to write a checkpoint (and
-sent out after a resume); a sharded learner (one actor per rank, `ray_ranks.py`) writes its own. Ray
+sent out after a resume); a sharded learner (one actor per rank, `ray_ranks.py`) writes its own. Every
+call to an actor has a deadline (`ray_failover.py`): the fleet replaces a lost rollout worker
+(`ray_rollouts.py`), and a lost learner actor makes the run resume from its last checkpoint on new
+actors (`RayTrainer.run`; not for a sharded learner or a server fleet, whose loss stops the run). Ray
 is imported only by this backend (`ray_actors.require_ray`).
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,24 +37,20 @@ from tether.models import load
 from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
 from tether.rl.builders import learner_options, open_learner, open_run
-from tether.rl.checkpoint import latest_checkpoint, load_checkpoint
+from tether.rl.checkpoint import has_checkpoint, latest_checkpoint, load_checkpoint
 from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner, LearnStats
-from tether.rl.ray_actors import (
-    LearnerActor,
-    LearnerState,
-    RolloutWorker,
-    Weights,
-    require_ray,
-)
-from tether.rl.ray_plan import merge_shards, plan_bundles, shard_plans
+from tether.rl.pipeline import WeightStore
+from tether.rl.ray_actors import LearnerActor, LearnerState, RolloutWorker, require_ray
+from tether.rl.ray_failover import ActorName, LearnerLostError, Whereabouts, answer
+from tether.rl.ray_plan import plan_bundles
+from tether.rl.ray_rollouts import RayRollouts, RemoteWeights, WorkerSlot
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.remote_rollouts import server_rollouts
-from tether.rl.rollout import PromptPlan
 from tether.rl.samples import Sample
 from tether.rl.sections import Backend, RaySection, RolloutBackend, WeightSync
-from tether.rl.sources import Generated, RolloutSource
-from tether.rl.trainer import Trainer, sampling_params
+from tether.rl.sources import RolloutSource
+from tether.rl.trainer import Metrics, Produced, Trainer, sampling_params
 
 if TYPE_CHECKING:
     from tether.envs.context import SandboxProvider
@@ -60,58 +59,39 @@ if TYPE_CHECKING:
 # --- the driver's side ------------------------------------------------------------------------------
 
 
-class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
-    """The learner actor's weights as they are when first used (at once: the driver pushes or snapshots
-    them before the next step).
-
-    Over a collective the actor broadcasts them itself; for the object store they are copied there on
-    first use of `ref` and rollout workers pull them (`RayRollouts.load`); iterating fetches the tensors
-    to the driver, which only async mode's weight snapshots need."""
-
-    def __init__(self, ray: ModuleType, actor: Any) -> None:
-        self.ray = ray
-        self.actor = actor
-        self._ref: Any = None
-        self._items: Iterator[tuple[str, torch.Tensor]] | None = None
-
-    @property
-    def ref(self) -> Any:
-        if self._ref is None:
-            self._ref = self.actor.weights.remote()
-        return self._ref
-
-    @property
-    def copied(self) -> bool:
-        """Whether they were copied out of the actor (into the object store)."""
-        return self._ref is not None
-
-    def __next__(self) -> tuple[str, torch.Tensor]:
-        if self._items is None:
-            weights: Weights = self.ray.get(self.ref)
-            self._items = iter(weights.items())
-        return next(self._items)
-
-
 class RemoteLearner(Learner):
     """The driver's handle on the learner actor; the inherited model, optimizer and schedule are a CPU
-    copy that only holds state for checkpoints (`pull` before writing one, `send` after loading one)."""
+    copy that only holds state for checkpoints (`pull` before writing one, `send` after loading one).
+    Each call waits at most `ray.call_timeout_s`; a learner that dies or hangs is a `LearnerLostError`."""
 
     copies_state = True  # checkpoints go through the CPU copy (`pull`, `send`); a sharded one's do not
 
-    def __init__(self, ray: ModuleType, actor: Any, config: TrainConfig, model: CausalLM) -> None:
+    def __init__(
+        self,
+        ray: ModuleType,
+        actor: Any,
+        config: TrainConfig,
+        model: CausalLM,
+        where: Whereabouts | None = None,
+    ) -> None:
         super().__init__(model, **learner_options(config))  # LoRA too: the actor's trainable structure
         self.ray = ray
         self.actor = actor
+        self.name = ActorName("the learner actor", where)
+        self.call_timeout_s = config.ray.call_timeout_s
+
+    def _call(self, ref: Any, method: str) -> Any:
+        return answer(self.ray, self.actor, ref, self.name, method, self.call_timeout_s, LearnerLostError)
 
     def step(self, samples: Sequence[Sample]) -> LearnStats:
-        stats: LearnStats = self.ray.get(self.actor.step.remote(list(samples)))
+        stats: LearnStats = self._call(self.actor.step.remote(list(samples)), "step")
         return stats
 
     def weights(self) -> RemoteWeights:
         return RemoteWeights(self.ray, self.actor)
 
     def pull(self) -> None:
-        state: LearnerState = self.ray.get(self.actor.state.remote())
+        state: LearnerState = self._call(self.actor.state.remote(), "state")
         self.trainable.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
@@ -120,49 +100,7 @@ class RemoteLearner(Learner):
         state = LearnerState(
             self.trainable.state_dict(), self.optimizer.state_dict(), self.scheduler.state_dict()
         )
-        self.ray.get(self.actor.load_state.remote(state))
-
-
-class RayRollouts:
-    """A `RolloutSource` over rollout worker actors: each generates and scores a shard of the prompts."""
-
-    def __init__(
-        self, ray: ModuleType, workers: Sequence[Any], collective: CollectiveSync | None = None
-    ) -> None:
-        self.ray = ray
-        self.workers = list(workers)
-        self.collective = collective  # None: weights travel through the object store
-        self._version = 0  # the version every worker holds (they start with the model's own, 0)
-
-    def generate(self, plans: Sequence[PromptPlan]) -> Generated:
-        shards = shard_plans(plans, len(self.workers))
-        busy = [(worker, shard) for worker, shard in zip(self.workers, shards, strict=True) if shard]
-        outputs: list[Generated] = self.ray.get([worker.generate.remote(shard) for worker, shard in busy])
-        return merge_shards(plans, outputs)
-
-    def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Broadcast from where the weights are (the learner actor's own, or this process's), or one copy
-        into the object store (the learner actor's own when they come from it) that every worker pulls."""
-        if version == self._version:
-            return  # a version's weights never change (version 0: the engines loaded them themselves)
-        if self.collective is not None:
-            self.collective.push(None if isinstance(weights, RemoteWeights) else weights, version)
-        else:
-            ref = weights.ref if isinstance(weights, RemoteWeights) else self.ray.put(dict(weights))
-            self.ray.get([worker.load.remote(ref, version) for worker in self.workers])
-        self._version = version
-
-    def versions(self) -> list[int]:
-        """The policy version each worker's engine holds."""
-        versions: list[int] = self.ray.get([worker.version.remote() for worker in self.workers])
-        return versions
-
-    def close(self) -> None:
-        try:
-            if self.collective is not None:
-                self.collective.close()
-        finally:
-            self.ray.get([worker.close.remote() for worker in self.workers])
+        self._call(self.actor.load_state.remote(state), "load_state")
 
 
 class RayCluster:
@@ -219,18 +157,31 @@ class RayCluster:
         self.actors.append(handle)
         return handle
 
-    def close(self) -> None:
+    def kill_actors(self) -> None:
+        """Kill every actor of the run (their bundles stay reserved for new ones)."""
         for handle in self.actors:
             self.ray.kill(handle)
         self.actors.clear()
+
+    def close(self) -> None:
+        self.kill_actors()
         self.ray.util.remove_placement_group(self.group)
         if self.started:
             self.ray.shutdown()
 
 
+RESUMPTIONS = "run/resumptions"  # the metric: times this run resumed after losing its learner actor
+
+# Starts the run's learner and rollout source on (new) actors in the run's placement group.
+StartActors = Callable[[], tuple[Learner, RolloutSource]]
+
+
 class RayTrainer(Trainer):
     """The local loop with Ray rollouts and/or a remote learner (whose state checkpoints pull); it owns
-    the cluster."""
+    the cluster. A learner actor that is lost (`LearnerLostError`) makes the run start new actors and
+    resume from its last checkpoint (from the start without one), up to `ray.max_learner_restarts`
+    times; `restart` None (a sharded learner, or a server fleet, which cannot go back to an older
+    version): the run stops."""
 
     def __init__(
         self,
@@ -239,11 +190,14 @@ class RayTrainer(Trainer):
         rollouts: RolloutSource,
         registry: EnvRegistry,
         cluster: RayCluster,
+        restart: StartActors | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(config, None, None, learner, registry, ScoringContext(), clock, rollouts=rollouts)
         self.remote = learner if isinstance(learner, RemoteLearner) else None
         self.cluster = cluster
+        self.restart = restart
+        self.resumptions = 0
 
     def start_run_dir(self, resume: bool) -> None:
         if resume and self.remote is not None and self.remote.copies_state:
@@ -258,6 +212,53 @@ class RayTrainer(Trainer):
         if self.remote is not None and self.remote.copies_state:
             self.remote.pull()
         return super().checkpoint()
+
+    def learn(self, produced: Produced) -> tuple[Metrics, bool]:
+        metrics, changed = super().learn(produced)
+        if self.resumptions:
+            metrics[RESUMPTIONS] = float(self.resumptions)
+        return metrics, changed
+
+    def run(
+        self, on_step: Callable[[Metrics], None] | None = None, final_checkpoint: bool = True
+    ) -> list[Metrics]:
+        history: list[Metrics] = []
+
+        def seen(metrics: Metrics) -> None:
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+
+        while True:
+            try:
+                super().run(seen, final_checkpoint)
+                return history
+            except LearnerLostError as error:
+                self.resume_after(error)
+                history = [metrics for metrics in history if metrics["step"] <= self.step]
+
+    def resume_after(self, error: LearnerLostError) -> None:
+        """New actors in the same bundles, the last checkpoint's state in the new learner and its weights
+        in the new workers, the step and cursors back to it; or `error` again when no restart is left."""
+        limit = self.config.ray.max_learner_restarts
+        if self.restart is None:
+            raise error
+        if self.resumptions >= limit:
+            raise LearnerLostError(
+                f"{error}; the run already resumed {self.resumptions} time(s) "
+                f"(ray.max_learner_restarts = {limit})",
+                error.hung,
+            ) from error
+        self.resumptions += 1
+        self.finish_checkpoint()  # written from the driver's copy: it may become the one to resume from
+        self.cluster.kill_actors()
+        self.learner, self.rollouts = self.restart()
+        self.remote = self.learner if isinstance(self.learner, RemoteLearner) else None
+        self.weight_store = WeightStore()
+        resume = has_checkpoint(self.run_dir)
+        if not resume:  # lost before the first checkpoint: the run starts over
+            self.step, self.cursors = 0, {}
+        self.start_run_dir(resume)
 
     def close(self) -> None:
         try:
@@ -293,62 +294,16 @@ def build_ray_trainer(
             servers.close()
         raise
     try:
-        section = config.ray
-        learner: Learner
-        if learner_actor:
-            # Over a collective, async mode's rollout thread has the actor broadcast a snapshot while the
-            # learner thread has it take a step: a second call thread, or the engines' wait for the
-            # broadcast would last as long as a step. Only that pair ever overlaps (the snapshot is the
-            # driver's copy, never the weights being trained).
-            threaded = config.weight_sync is WeightSync.COLLECTIVE and not config.rollout_backend.remote
-            model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
-            if config.learner.strategy is Strategy.FSDP:
-                from tether.rl.ray_ranks import RemoteShardedLearner, start_ranks
 
-                actor, following = start_ranks(ray, cluster, config, 2 if threaded else 1)
-                learner = RemoteShardedLearner(ray, actor, config, model, following)
-            else:
-                actor = cluster.actor(
-                    LearnerActor,
-                    0,
-                    section.learner_cpus,
-                    section.learner_gpus,
-                    config,
-                    section.learner_cpus,
-                    concurrency=2 if threaded else 1,
-                )
-                learner = RemoteLearner(ray, actor, config, model)
-        else:
-            learner = open_learner(config)
-        rollouts: RolloutSource
-        if servers is None:
-            workers = [
-                cluster.actor(
-                    RolloutWorker,
-                    cluster.learners + index,  # after the learners' bundles, if they have any
-                    section.rollout_cpus,
-                    section.rollout_gpus,
-                    config,
-                    registry,
-                    sandbox,
-                    section.rollout_cpus,
-                )
-                for index in range(section.rollout_workers)
-            ]
-            # Wait for every actor's model, so that a failing one stops the run here and step 1's
-            # timings measure the step, not the actors' start.
-            ray.get([worker.version.remote() for worker in workers])
-            collective = None
-            if config.weight_sync is WeightSync.COLLECTIVE:
-                cuda = config.model.device.startswith("cuda")
-                backend = SyncBackend.NCCL if cuda else SyncBackend.GLOO
-                collective = CollectiveSync.start(ray, workers, actor if learner_actor else None, backend)
-            rollouts = RayRollouts(ray, workers, collective)
-        else:
-            rollouts = servers
-        if learner_actor:
-            ray.get(actor.device.remote())
-        trainer = RayTrainer(config, learner, rollouts, registry, cluster)
+        def start() -> tuple[Learner, RolloutSource]:
+            return start_actors(ray, cluster, config, registry, sandbox, servers)
+
+        learner, rollouts = start()
+        # A sharded learner's ranks fail as a group (`LearnerRankError`) and a server fleet cannot go back
+        # to an older version: neither resumes by itself.
+        single = learner_actor and config.learner.strategy is Strategy.SINGLE
+        restart = start if single and servers is None else None
+        trainer = RayTrainer(config, learner, rollouts, registry, cluster, restart)
     except BaseException:
         try:
             if servers is not None:
@@ -357,3 +312,88 @@ def build_ray_trainer(
             cluster.close()
         raise
     return open_run(trainer, resume)
+
+
+def start_actors(
+    ray: ModuleType,
+    cluster: RayCluster,
+    config: TrainConfig,
+    registry: EnvRegistry,
+    sandbox: SandboxProvider | None,
+    servers: RolloutSource | None,
+) -> tuple[Learner, RolloutSource]:
+    """The run's learner (an actor, or in this process) and its rollout source (worker actors, or
+    `servers`), each actor in its bundle of the cluster's placement group, every one loaded."""
+    section = config.ray
+    learner_actor = config.run.backend is Backend.RAY
+    learner: Learner
+    actor: Any = None
+    if learner_actor:
+        # Over a collective, async mode's rollout thread has the actor broadcast a snapshot while the
+        # learner thread has it take a step: a second call thread, or the engines' wait for the
+        # broadcast would last as long as a step. Only that pair ever overlaps (the snapshot is the
+        # driver's copy, never the weights being trained).
+        threaded = config.weight_sync is WeightSync.COLLECTIVE and servers is None
+        model, _, _ = load(config.model.name, config.model.cache_dir, device="cpu")
+        if config.learner.strategy is Strategy.FSDP:
+            from tether.rl.ray_ranks import RemoteShardedLearner, start_ranks
+
+            actor, following = start_ranks(ray, cluster, config, 2 if threaded else 1)
+            learner = RemoteShardedLearner(ray, actor, config, model, following)
+        else:
+            actor = cluster.actor(
+                LearnerActor,
+                0,
+                section.learner_cpus,
+                section.learner_gpus,
+                config,
+                section.learner_cpus,
+                concurrency=2 if threaded else 1,
+            )
+            learner = RemoteLearner(ray, actor, config, model, ray.get(actor.whereabouts.remote()))
+    else:
+        learner = open_learner(config)
+    rollouts: RolloutSource
+    if servers is None:
+
+        def start_worker(bundle: int) -> Any:
+            return cluster.actor(
+                RolloutWorker,
+                bundle,
+                section.rollout_cpus,
+                section.rollout_gpus,
+                config,
+                registry,
+                sandbox,
+                section.rollout_cpus,
+            )
+
+        bundles = [cluster.learners + index for index in range(section.rollout_workers)]  # after the
+        workers = [start_worker(bundle) for bundle in bundles]  # learners' bundles, if they have any
+        # Wait for every actor's model, so that a failing one stops the run here and step 1's
+        # timings measure the step, not the actors' start.
+        places: list[Whereabouts] = ray.get([worker.whereabouts.remote() for worker in workers])
+        collective = None
+        if config.weight_sync is WeightSync.COLLECTIVE:
+            cuda = config.model.device.startswith("cuda")
+            backend = SyncBackend.NCCL if cuda else SyncBackend.GLOO
+            collective = CollectiveSync.start(ray, workers, actor, backend)
+        slots = [
+            WorkerSlot(index, bundle, worker, where)
+            for index, (bundle, worker, where) in enumerate(zip(bundles, workers, places, strict=True))
+        ]
+        rollouts = RayRollouts(
+            ray,
+            slots,
+            start_worker,
+            config.rollout.samples_per_prompt,
+            section.call_timeout_s,
+            section.max_worker_restarts,
+            collective,
+            section.placement_timeout_s,
+        )
+    else:
+        rollouts = servers
+    if actor is not None:
+        ray.get(actor.device.remote())
+    return learner, rollouts

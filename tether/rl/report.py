@@ -247,6 +247,19 @@ def _summary(rows: Sequence[Row], names: Sequence[str], styles: Mapping[str, Sty
     return f"<h2>Training</h2><table>{head}{''.join(cells)}</table>"
 
 
+def _failover(rows: Sequence[Row]) -> str:
+    """A line saying how often the run resumed after losing its learner and replaced rollout workers
+    (Ray backend: `run/resumptions`, `rollout/workers_replaced`); empty when it never had to."""
+    resumed = int(max((row.get("run/resumptions", 0.0) for row in rows), default=0.0))
+    replaced = int(sum(row.get("rollout/workers_replaced", 0.0) for row in rows))
+    if not resumed and not replaced:
+        return ""
+    return (
+        f'<p class="failover">Resumed from its last checkpoint {resumed} time(s) after losing the learner; '
+        f"{replaced} rollout worker(s) replaced.</p>"
+    )
+
+
 def render_report(rows: Sequence[Row], title: str, evaluation: Evaluation | None = None) -> str:
     """The report page of `rows` (one per step) as self-contained HTML, `evaluation` at the top."""
     names = domains(rows)
@@ -255,7 +268,7 @@ def render_report(rows: Sequence[Row], title: str, evaluation: Evaluation | None
     body = [f"<h1>{html.escape(title)}</h1>"]
     if evaluation:
         body.append(_evaluation_table(evaluation, len(rows), styles))
-    body += [f"<p>Steps recorded: {len(rows)}.</p>", _summary(rows, names, styles)]
+    body += [f"<p>Steps recorded: {len(rows)}.</p>", _failover(rows), _summary(rows, names, styles)]
     section = ""
     for chart in charts(rows, names):
         if chart.section != section:

@@ -430,6 +430,26 @@ class RaySection(Section):
     placement_timeout_s: float = Field(
         60.0, gt=0, description="How long to wait for the cluster to fit the actors before failing, s."
     )
+    call_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait for any call to an actor (a worker's generate, a learner step, a weight "
+        "load), s: an actor that has not answered by then is killed as lost (a worker is replaced, a "
+        "learner resumed from the last checkpoint) and named in the error.",
+    )
+    max_worker_restarts: int = Field(
+        3,
+        ge=0,
+        description="Rollout workers replaced after dying or hanging (their prompts are issued again "
+        "with the same seeds), per run and again after a learner resumption; one more loss stops the "
+        "run naming the worker.",
+    )
+    max_learner_restarts: int = Field(
+        2,
+        ge=0,
+        description="Times a run whose learner actor died or hung resumes from its last checkpoint on new "
+        "actors (run/resumptions counts them); one more loss stops the run.",
+    )
 
 
 class LearnerSection(Section):
