@@ -422,7 +422,7 @@ async def _crash(_workspace: Workspace, arguments: JsonDict, _key: str) -> str:
     raise RuntimeError("tool crashed")
 
 
-def test_an_environment_that_fails_ends_its_episode_only(
+def test_an_environment_that_fails_is_retried_then_marked_failed_alone(
     tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=1)
@@ -434,6 +434,11 @@ def test_an_environment_that_fails_ends_its_episode_only(
     driver = EpisodeDriver(engine, tokenizer, reg, SamplingParams(max_tokens=6, n=2), always_note)
     _, rollouts = asyncio.run(driver.run(plans, ScoringContext()))
     assert [r.error for r in rollouts] == ["RuntimeError: tool crashed"] * 2 + [None] * 2
+    assert [r.infra_failure for r in rollouts] == ["scorer_error"] * 2 + [None] * 2
+    assert [r.retry_reasons for r in rollouts] == [["scorer_error"] * 2] * 2 + [[]] * 2
+    # Each try ran again from the first turn with the same seed: the same first token ids.
+    tries = [ids for request_id, ids in log.outputs.items() if request_id.startswith("episode-5-0-0-0")]
+    assert len(tries) == 3 and all(ids == tries[0] for ids in tries)
     assert [len(r.turns) for r in rollouts] == [1, 1, 2, 2]
     assert rollouts[0].reward == 0.0 and rollouts[0].components == {}
     for rollout in rollouts:

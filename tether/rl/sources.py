@@ -30,6 +30,7 @@ from tether.errors import ConfigError
 from tether.rl.agent_rollouts import AgentRollouts, is_agent_env
 from tether.rl.config import TrainConfig
 from tether.rl.episodes import EpisodeDriver, ReplyParser
+from tether.rl.retries import RetryPolicy
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, generate_groups, score_groups
 from tether.rl.sections import WeightSync
 from tether.rl.server_weights import CollectiveTransport, SafetensorsDirTransport
@@ -89,8 +90,10 @@ class EngineRollouts:
         clock: Callable[[], float] = time.monotonic,
         parse_reply: ReplyParser | None = None,
         agent_state_dir: Path | None = None,
+        retry: RetryPolicy = RetryPolicy(),
     ) -> None:
         self.engine = engine
+        self.retry = retry  # of rollouts that fail for an infrastructure reason (`retries.py`)
         self.tokenizer = tokenizer
         self.registry = registry
         self.ctx = ctx
@@ -108,17 +111,21 @@ class EngineRollouts:
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         start = self.clock()
         if any(is_agent_env(plan.env) for plan in plans):
-            agents = AgentRollouts(self.engine, self.tokenizer, self.params, self.agent_state_dir)
+            agents = AgentRollouts(
+                self.engine, self.tokenizer, self.params, self.agent_state_dir, retry=self.retry
+            )
             tasks, rollouts = self._loop.run_until_complete(agents.run(plans, self.registry, self.ctx))
             return Generated(tasks, rollouts, self.clock() - start, 0.0)
         if any(self.registry.get(plan.env).multi_turn for plan in plans):
             # Episodes are scored as they end, while the engine keeps generating for the others.
-            driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
+            driver = EpisodeDriver(
+                self.engine, self.tokenizer, self.registry, self.params, self.parse_reply, self.retry
+            )
             tasks, rollouts = self._loop.run_until_complete(driver.run(plans, self.ctx))
             return Generated(tasks, rollouts, self.clock() - start, 0.0)
         tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
         generated = self.clock()
-        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx, self.retry))
         return Generated(tasks, rollouts, generated - start, self.clock() - generated)
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -154,8 +161,10 @@ class RemoteRollouts:
         params: SamplingParams,
         dtype: torch.dtype = torch.float32,
         clock: Callable[[], float] = time.monotonic,
+        retry: RetryPolicy = RetryPolicy(),
     ) -> None:
         assert servers, "a fleet of at least one server"
+        self.retry = retry
         self.servers = list(servers)
         self.transport = transport
         self.tokenizer = tokenizer
@@ -193,7 +202,7 @@ class RemoteRollouts:
             for sample in samples
         ]
         generated = self.clock()
-        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx, self.retry))
         return Generated(tasks, rollouts, generated - start, self.clock() - generated)
 
     async def _generate(
@@ -277,4 +286,13 @@ def server_rollouts(
     else:
         transport = SafetensorsDirTransport(section.weights_dir or config.run_dir / "weights")
     tokenizer = load_tokenizer(resolve(config.model.name, config.model.cache_dir))
-    return RemoteRollouts(servers, transport, tokenizer, registry, ctx, params, config.model.dtype.torch)
+    return RemoteRollouts(
+        servers,
+        transport,
+        tokenizer,
+        registry,
+        ctx,
+        params,
+        config.model.dtype.torch,
+        retry=RetryPolicy.of(config.rollout),
+    )
