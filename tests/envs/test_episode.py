@@ -17,6 +17,7 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.rubric import answer_rubric, length_within
 from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Parsed, Problem, Task, check_name, check_seed
+from tether.errors import InfraError, InfraReason
 from tether.tools import SUBMIT, Tool, Workspace
 
 
@@ -100,10 +101,11 @@ async def test_async_reward_functions_are_awaited() -> None:
     assert score.total == 1.0 and score.passed
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan])
-async def test_a_reward_outside_zero_one_is_an_error(value: float) -> None:
-    with pytest.raises(ValueError, match="outside"):
-        await Rubric((Reward("bad", lambda _: value),)).score(reward_input())
+@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan, None, "1.0"])
+async def test_a_reward_outside_zero_one_is_an_invalid_reward(value: object) -> None:
+    with pytest.raises(InfraError, match="outside") as caught:
+        await Rubric((Reward("bad", lambda _: value),)).score(reward_input())  # type: ignore[arg-type,return-value]
+    assert caught.value.reason is InfraReason.INVALID_REWARD
 
 
 @pytest.mark.parametrize(

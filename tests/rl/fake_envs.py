@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from tether.envs.episode import Environment
 from tether.envs.registry import EnvRegistry
-from tether.envs.scoring import Reward, RewardInput, Rubric
+from tether.envs.scoring import Reward, RewardFn, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Parsed, Problem
 
 
@@ -57,3 +57,14 @@ def fake_registry() -> EnvRegistry:
     registry.add(letters_env("test/vowels", "aeiou"))
     registry.add(letters_env("test/digits", "0123456789"))
     return registry
+
+
+def reward_env(name: str, reward: RewardFn) -> Environment:
+    """An environment of one reward component, `value`, scored by `reward`."""
+    return Environment(
+        name=name,
+        source=_Source(name.split("/")[1]),
+        renderer=ChatRenderer("You are a test."),
+        parser=_Raw(),
+        rubric=Rubric((Reward("value", reward),)),
+    )

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tether.agents.context import NO_ACTION_NUDGE
 from tether.agents.families import AgentFamily, family_spec
+from tether.agents.runner import TaskRunner
 from tether.agents.task import CheckSpec, ContextSpec, TaskSpec
 from tether.chat import ChatError, ChatRequest
 from tether.chat.template import ChatTemplate
@@ -27,7 +28,7 @@ from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.registry import EnvRegistry
-from tether.errors import ConfigError
+from tether.errors import ConfigError, InfraError, InfraReason
 from tether.rl.agent_rollouts import (
     AgentRollouts,
     EngineTurns,
@@ -40,6 +41,7 @@ from tether.rl.builders import build_trainer
 from tether.rl.config import load_config, parse_config
 from tether.rl.episodes import ObservationEncoder
 from tether.rl.rollout import PromptPlan, Rollout
+from tether.rl.sections import AlgorithmSection
 from tether.rl.trainer import to_samples
 from tether.sandbox import SandboxSpec
 from tether.store.journal import Journal
@@ -232,6 +234,40 @@ def test_tool_calls_run_in_the_sandbox_and_the_check_is_the_reward(tiny_model: C
     first = rollout.turns[0]
     suffix = str(tokenizer.decode(second[len(first.prompt_ids) + len(first.completion_ids) :]))
     assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
+
+
+def test_an_agent_episode_whose_runner_fails_resumes_from_its_journal_then_is_marked_failed(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8)
+    original = TaskRunner.run
+    failures: list[Exception] = []
+
+    async def failing(self: TaskRunner, task_id: str, *args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop(0)
+        return await original(self, task_id, *args, **kwargs)
+
+    monkeypatch.setattr(TaskRunner, "run", failing)
+
+    async def roll() -> Rollout:
+        async with sandbox() as provider:
+            engine = ScriptedEngine(tokenizer, APPEND)
+            agents = AgentRollouts(engine, tokenizer, SamplingParams(max_tokens=64, n=1))  # type: ignore[arg-type]
+            _, (rollout,) = await agents.run(
+                [PromptPlan("agent/log", 0, 0, 7)], log_registry(), ScoringContext(provider)
+            )
+            return rollout
+
+    failures.append(InfraError(InfraReason.SANDBOX_ERROR, "the sandbox lost the session"))
+    resumed = asyncio.run(roll())
+    assert resumed.passed and resumed.reward == 1.0 and resumed.infra_failure is None
+    assert resumed.retry_reasons == ["sandbox_error"] and resumed.error is None
+    failures.extend(RuntimeError("the runner broke") for _ in range(3))  # the try and both retries
+    failed = asyncio.run(roll())
+    assert failed.infra_failure == "scorer_error" and failed.retries == 2
+    assert failed.error == "RuntimeError: the runner broke" and failed.completion_ids == []
+    assert to_samples([failed], AlgorithmSection(), 1, 8).samples == []  # never a sample
 
 
 def test_a_cancelled_rollout_resumes_from_its_journal_without_applying_a_step_twice(

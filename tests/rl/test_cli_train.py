@@ -194,3 +194,16 @@ def test_live_view_prints_the_logprob_gap_and_the_ratio_spread() -> None:
     text = _view_text(metrics)
     assert "logprob diff 3.0e-06 over 96 tokens" in text
     assert "ratio 0.970..1.050 (std 2.0e-02)" in text
+
+
+def test_live_view_shows_infra_failures_and_retries_only_when_a_step_had_them() -> None:
+    assert "infra-failed" not in _view_text({**BASE_METRICS, "rollout/infra_failed": 0.0})
+    metrics = {
+        **BASE_METRICS,
+        "rollout/infra_failed": 2.0,
+        "rollout/infra_failed/sandbox_error": 1.0,
+        "rollout/infra_failed/scorer_timeout": 1.0,
+        "rollout/retried": 5.0,
+    }
+    shown = " ".join(_view_text(metrics).split())  # the headline wraps at the console's width
+    assert "infra-failed 2 (sandbox_error, scorer_timeout), retried 5" in shown

@@ -52,6 +52,13 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ),
         ({**MINIMAL, "rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt = 0"),
         ({**MINIMAL, "rollout": {"temperature": 0}}, "temperature = 0: Input should be greater than 0"),
+        ({**MINIMAL, "rollout": {"infra_retries": -1}}, "rollout.infra_retries = -1: Input should"),
+        ({**MINIMAL, "rollout": {"score_timeout_s": 0}}, "rollout.score_timeout_s = 0: Input should"),
+        (
+            {**MINIMAL, "rollout": {"max_infra_failure_rate": 1.5}},
+            "rollout.max_infra_failure_rate = 1.5: Input should be less than or equal to 1",
+        ),
+        ({**MINIMAL, "algorithm": {"min_group_samples": 0}}, "algorithm.min_group_samples = 0: Input should"),
         ({**MINIMAL, "model": {"device": "gpu"}}, "model.device = 'gpu': String should match pattern"),
         ({**MINIMAL, "model": {"max_model_len": 0}}, "model.max_model_len = 0: Input should be greater"),
         (

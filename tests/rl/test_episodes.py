@@ -25,6 +25,7 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import ChatRenderer, Problem, Task
+from tether.errors import InfraError, InfraReason
 from tether.models import load
 from tether.rl.builders import learner_options
 from tether.rl.config import TrainConfig, parse_config
@@ -422,7 +423,7 @@ async def _crash(_workspace: Workspace, arguments: JsonDict, _key: str) -> str:
     raise RuntimeError("tool crashed")
 
 
-def test_an_environment_that_fails_ends_its_episode_only(
+def test_an_environment_that_fails_is_retried_then_marked_failed_alone(
     tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=1)
@@ -434,8 +435,37 @@ def test_an_environment_that_fails_ends_its_episode_only(
     driver = EpisodeDriver(engine, tokenizer, reg, SamplingParams(max_tokens=6, n=2), always_note)
     _, rollouts = asyncio.run(driver.run(plans, ScoringContext()))
     assert [r.error for r in rollouts] == ["RuntimeError: tool crashed"] * 2 + [None] * 2
+    assert [r.infra_failure for r in rollouts] == ["scorer_error"] * 2 + [None] * 2
+    assert [r.retry_reasons for r in rollouts] == [["scorer_error"] * 2] * 2 + [[]] * 2
+    # Each try ran again from the first turn with the same seed: the same first token ids.
+    tries = [ids for request_id, ids in log.outputs.items() if request_id.startswith("episode-5-0-0-0")]
+    assert len(tries) == 3 and all(ids == tries[0] for ids in tries)
     assert [len(r.turns) for r in rollouts] == [1, 1, 2, 2]
     assert rollouts[0].reward == 0.0 and rollouts[0].components == {}
     for rollout in rollouts:
         check_token_fidelity(rollout, log, tokenizer)
     assert not engine.has_unfinished()
+
+
+def test_an_episode_the_sandbox_cannot_open_is_retried_then_marked_failed(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8, seed=1)
+    original = Environment.start
+    failures: list[Exception] = []
+
+    async def start(self: Environment, task: Task, ctx: ScoringContext) -> Any:
+        if failures:
+            raise failures.pop()
+        return await original(self, task, ctx)
+
+    monkeypatch.setattr(Environment, "start", start)
+    driver = EpisodeDriver(engine, tokenizer, registry(), SamplingParams(max_tokens=4, n=1), always_note)
+    plans = [PromptPlan("test/notes2", 3, 0, 9)]
+    failures.append(InfraError(InfraReason.SANDBOX_ERROR, "NoFreeSlot: no sandbox slot freed up"))
+    _, (opened,) = asyncio.run(driver.run(plans, ScoringContext()))
+    assert opened.infra_failure is None and opened.retry_reasons == ["sandbox_error"] and opened.turns
+    failures.extend(InfraError(InfraReason.SANDBOX_ERROR, "no slot") for _ in range(3))
+    _, (failed,) = asyncio.run(driver.run(plans, ScoringContext()))
+    assert failed.infra_failure == "sandbox_error" and failed.retries == 2
+    assert failed.completion_ids == [] and failed.turns == [] and failed.error == "InfraError: no slot"

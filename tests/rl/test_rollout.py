@@ -16,7 +16,7 @@ from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
-from tether.rl.metrics import domain_metrics, staleness
+from tether.rl.metrics import add_counters, domain_metrics, staleness
 from tether.rl.rollout import Rollout, plan_prompts
 from tether.rl.samples import Sample
 from tether.rl.sections import AlgorithmSection, OptimSection
@@ -97,6 +97,69 @@ def test_metrics_are_reported_overall_and_per_domain() -> None:
     assert metrics["domain/b/y/sandbox_s"] == pytest.approx(1.5)
     assert metrics["sandbox_s"] == pytest.approx(1.5)
     assert staleness(rollouts, policy_version=6) == {"staleness_mean": 2.0, "staleness_max": 2.0}
+
+
+def _failed(env: str, group: int, reason: str, reward: float = 0.0) -> Rollout:
+    rollout = _rollout(env, group, reward)
+    rollout.infra_failure, rollout.error = reason, f"InfraError: {reason}"
+    return rollout
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo"])
+def test_an_infra_failed_sample_never_reaches_the_advantages(advantage: str) -> None:
+    rewards = [1.0, 0.0, 0.25, 1.0]
+    with_failure = [_rollout("a/x", 0, r) for r in rewards]
+    with_failure.insert(2, _failed("a/x", 0, "sandbox_error"))
+    without = [_rollout("a/x", 0, r) for r in rewards]
+    algorithm = AlgorithmSection(advantage=advantage)
+    failed_batch = to_samples(with_failure, algorithm, 5, 8)
+    clean_batch = to_samples(without, algorithm, 4, 8)
+    # The other samples get exactly the advantages of the group without it; it is no sample at all.
+    assert [s.advantage for s in failed_batch.samples] == [s.advantage for s in clean_batch.samples]
+    assert len(failed_batch.samples) == 4 and failed_batch.short_groups == 0
+    assert failed_batch.rewards_shaped_mean == clean_batch.rewards_shaped_mean
+
+
+def test_a_group_left_with_too_few_scored_samples_is_dropped() -> None:
+    rollouts = [_rollout("a/x", 0, 1.0), _failed("a/x", 0, "scorer_timeout"), _failed("a/x", 0, "sandbox_qc")]
+    rollouts += [_rollout("a/x", 1, r) for r in (1.0, 0.0, 0.5)]
+    batch = to_samples(rollouts, AlgorithmSection(min_group_samples=2), 3, 8)
+    assert batch.short_groups == 1 and len(batch.samples) == 3
+    # A group of one sample per prompt keeps its one scored sample (min_group_samples is capped at n).
+    lone = to_samples([_rollout("a/x", 0, 1.0), _failed("a/x", 1, "sandbox_error")], AlgorithmSection(), 1, 8)
+    assert lone.short_groups == 1 and len(lone.samples) == 1
+
+
+def test_dapo_filtering_and_overlong_penalty_see_only_scored_samples() -> None:
+    rollouts = [_rollout("a/x", 0, 1.0), _rollout("a/x", 0, 1.0), _failed("a/x", 0, "scorer_error")]
+    algorithm = AlgorithmSection(drop_equal_groups=True, overlong_buffer_tokens=4)
+    batch = to_samples(rollouts, algorithm, 3, 8)
+    assert batch.dropped_groups == 1 and not batch.samples
+    assert batch.rewards_shaped_mean == pytest.approx(1.0)  # 3 tokens of 8: no penalty; failed one unread
+
+
+def test_a_nan_reward_of_a_scored_rollout_is_refused_not_summed_as_zero() -> None:
+    rollouts = [_rollout("a/x", 0, 1.0), _rollout("a/x", 0, math.nan)]
+    with pytest.raises(AssertionError, match="finite reward"):
+        to_samples(rollouts, AlgorithmSection(), 2, 8)
+    rollouts[1].infra_failure = "invalid_reward"  # as scoring marks it: then it is left out
+    assert len(to_samples(rollouts, AlgorithmSection(min_group_samples=1), 2, 8).samples) == 1
+
+
+def test_metrics_count_infra_failures_and_retries_and_average_rewards_over_scored_rollouts() -> None:
+    rollouts = [_rollout("a/x", 0, 1.0), _failed("a/x", 0, "sandbox_error"), _rollout("b/y", 1, 0.5)]
+    rollouts[0].retry_reasons = ["sandbox_error"]
+    rollouts[1].retry_reasons = ["sandbox_error", "scorer_timeout"]
+    metrics = domain_metrics(rollouts)
+    assert metrics["reward"] == pytest.approx(0.75) and metrics["domain/a/x/reward"] == 1.0
+    assert metrics["rollout/infra_failed"] == 1 and metrics["rollout/infra_failed/sandbox_error"] == 1
+    assert metrics["domain/a/x/rollout/infra_failed"] == 1 and metrics["domain/b/y/rollout/infra_failed"] == 0
+    assert metrics["rollout/infra_failure_rate"] == pytest.approx(1 / 3)
+    assert metrics["rollout/retried"] == 3
+    assert metrics["rollout/retried/sandbox_error"] == 2 and metrics["rollout/retried/scorer_timeout"] == 1
+    # A source's own counters add up with the rollouts' counts; the total stays the sum of its reasons.
+    add_counters(metrics, {"rollout/retried/worker_lost": 2.0, "rollout/workers_replaced": 1.0})
+    assert metrics["rollout/retried"] == 5 and metrics["rollout/workers_replaced"] == 1
 
 
 def test_to_samples_needs_whole_groups() -> None:

@@ -40,8 +40,20 @@ def _headline(config: TrainConfig, metrics: Metrics) -> str:
         f"logprob diff {metrics.get('learner/max_logprob_diff', 0.0):.1e} "
         f"over {metrics.get('learner/compared_tokens', 0.0):.0f} tokens  "
         f"ratio {metrics.get('learner/ratio_min', 1.0):.3f}..{metrics.get('learner/ratio_max', 1.0):.3f} "
-        f"(std {metrics.get('learner/ratio_std', 0.0):.1e})"
+        f"(std {metrics.get('learner/ratio_std', 0.0):.1e}){_failures(metrics)}"
     )
+
+
+def _failures(metrics: Metrics) -> str:
+    """Rollouts the infrastructure failed (left out of learning) and retried, when a step had any."""
+    failed, retried = metrics.get("rollout/infra_failed", 0.0), metrics.get("rollout/retried", 0.0)
+    if not failed and not retried:
+        return ""
+    reasons = sorted(
+        key.rsplit("/", 1)[1] for key in metrics if key.startswith("rollout/infra_failed/") and metrics[key]
+    )
+    why = f" ({', '.join(reasons)})" if reasons else ""
+    return f"  infra-failed {failed:.0f}{why}, retried {retried:.0f}"
 
 
 def _domains(metrics: Metrics) -> list[str]:

@@ -2,8 +2,10 @@
 
 Pure-Python domains never touch it; domains that execute code (tests, graders, tools) go through a
 `ScoringContext`, so nothing a model wrote ever runs in this process and the time spent in the sandbox
-is reported per episode. The sandbox is whichever `[sandbox]` configures (`open_sandbox`): a local pool,
-or a fleet of `tether sandbox serve` instances, in which case no sandbox worker starts in this process.
+is reported per episode. A run or session the sandbox itself fails raises `InfraError`, so that every
+domain's infrastructure failures stay out of its rewards without code of its own. The sandbox is
+whichever `[sandbox]` configures (`open_sandbox`): a local pool, or a fleet of `tether sandbox serve`
+instances, in which case no sandbox worker starts in this process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.envs.errors import EnvError
+from tether.errors import InfraError, InfraReason, TetherError
+from tether.tools.workspace import sound
 
 if TYPE_CHECKING:
     from tether.sandbox.fleet import FleetConfig
@@ -112,10 +116,20 @@ class ScoringContext:
             self.sandbox_time_s += self._clock() - start
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
-        """`Sandbox.run` (same keyword arguments), timed."""
+        """`Sandbox.run` (same keyword arguments), timed; a run the sandbox failed raises `InfraError`
+        (`sound`): a sandbox error or a failed worker quality check is not the model's doing."""
         pool = await self.pool()
-        return await self.timed(pool.run(code, language=language, **kwargs))
+        return sound(await self._sandbox_call(pool.run(code, language=language, **kwargs)))
 
     async def open_session(self, spec: SandboxSpec | None = None) -> Session:
+        """A session of the sandbox, timed; one the sandbox cannot open raises `InfraError`."""
         pool = await self.pool()
-        return await self.timed(pool.open_session(spec))
+        return await self._sandbox_call(pool.open_session(spec))
+
+    async def _sandbox_call(self, work: Awaitable[T]) -> T:
+        try:
+            return await self.timed(work)
+        except InfraError:
+            raise
+        except (TetherError, OSError) as failure:  # no free slot, a lost instance, a dead worker...
+            raise InfraError(InfraReason.SANDBOX_ERROR, f"{type(failure).__name__}: {failure}") from failure

@@ -3,6 +3,7 @@ and the rubric that weighs them into one `Score`."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import re
@@ -14,6 +15,7 @@ from tether.chat import Messages, message_text
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
 from tether.envs.tasks import Parsed, Task
+from tether.errors import InfraError, InfraReason
 from tether.tools.workspace import SandboxWorkspace
 
 if TYPE_CHECKING:
@@ -41,8 +43,9 @@ class EpisodeState:
         return self.session
 
     def workspace(self) -> SandboxWorkspace:
-        """The session's working directory as tools see it, its sandbox time counted in `ctx`."""
-        return SandboxWorkspace(self.require_session(), self.ctx.timed)
+        """The session's working directory as tools see it, its sandbox time counted in `ctx`; a run
+        the sandbox fails raises `InfraError` (not the model's doing)."""
+        return SandboxWorkspace(self.require_session(), self.ctx.timed, infra_errors=True)
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
         """Run in the episode's sandbox session (files persist between runs), timed."""
@@ -115,6 +118,18 @@ class Score:
         }
 
 
+def _valid_reward(name: str, value: object) -> float:
+    """A reward function's value as a float in [0, 1]. Anything else (None, NaN, out of range) is no
+    verdict on the answer: an `InfraError`, so RL leaves the sample out instead of learning from it."""
+    number = math.nan
+    if value is not None and not isinstance(value, str | bytes):  # text is no number, even "1"
+        with contextlib.suppress(TypeError, ValueError):
+            number = float(value)  # type: ignore[arg-type]  # bools, numpy and torch scalars count
+    if not 0.0 <= number <= 1.0:  # the comparison also rejects NaN
+        raise InfraError(InfraReason.INVALID_REWARD, f"reward {name!r} returned {value!r}, outside [0, 1]")
+    return number
+
+
 @dataclass(frozen=True, slots=True)
 class Rubric:
     """Weighted components: total = (product of gates) * (weighted mean of all components)."""
@@ -154,10 +169,7 @@ class Rubric:
             value = reward.fn(inp)
             if inspect.isawaitable(value):
                 value = await value
-            value = float(value)
-            if not 0.0 <= value <= 1.0:  # also rejects NaN
-                raise ValueError(f"reward {reward.name!r} returned {value!r}, outside [0, 1]")
-            components[reward.name] = value
+            components[reward.name] = _valid_reward(reward.name, value)
         weights = {reward.name: reward.weight for reward in self.rewards}
         mean = sum(components[n] * w for n, w in weights.items()) / sum(weights.values())
         gate = math.prod(components[reward.name] for reward in self.rewards if reward.gate)

@@ -3,12 +3,15 @@
 A group is the n samples drawn for one prompt. GRPO normalises each reward by its group's mean and
 standard deviation; Dr. GRPO only subtracts the mean; RLOO subtracts the mean of the *other* samples.
 DAPO's dynamic sampling drops groups whose rewards are all equal (they carry no signal), and its
-overlong penalty shapes rewards by completion length. Nothing here touches a model or a token.
+overlong penalty shapes rewards by completion length. `group_advantages` computes them over the valid
+members of each group only (a sample that could not be scored is no member), dropping a group with too
+few of them. Nothing here touches a model or a token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -66,6 +69,50 @@ ADVANTAGES: dict[AdvantageKind, AdvantageFn] = {
 
 def compute_advantages(kind: AdvantageKind, rewards: torch.Tensor) -> torch.Tensor:
     return ADVANTAGES[kind](rewards)
+
+
+# The fewest samples each kind of advantage needs in a group (RLOO's baseline is the other samples).
+MIN_SAMPLES: dict[AdvantageKind, int] = {AdvantageKind.RLOO: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAdvantages:
+    """Advantages of a [groups, samples] batch in which some samples are not valid members."""
+
+    advantages: torch.Tensor  # [groups, samples]: 0.0 for invalid samples and in dropped groups
+    kept: torch.Tensor  # BoolTensor[groups]: groups to train on
+    too_few: int  # groups dropped for having fewer valid samples than asked
+    uninformative: int  # groups dropped because their valid samples' rewards were all equal
+
+
+def group_advantages(
+    kind: AdvantageKind,
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    min_samples: int = 1,
+    drop_equal: bool = False,
+) -> GroupAdvantages:
+    """Each group's advantages computed over its `valid` members alone, exactly as for a group of only
+    them; the rewards of invalid samples are never read (they may be NaN). A group with fewer than
+    `min_samples` valid members (or than its kind needs) is dropped, and with `drop_equal` so is one
+    whose valid rewards are all equal."""
+    _check(rewards)
+    if valid.shape != rewards.shape or valid.dtype != torch.bool:
+        raise ConfigError(f"valid mask of shape {tuple(valid.shape)}: expected a BoolTensor like the rewards")
+    needed = max(min_samples, MIN_SAMPLES.get(kind, 1))
+    advantages = torch.zeros_like(rewards)
+    kept = torch.zeros(rewards.shape[0], dtype=torch.bool)
+    too_few = uninformative = 0
+    for group in range(rewards.shape[0]):
+        members = rewards[group, valid[group]].unsqueeze(0)
+        if members.shape[1] < needed:
+            too_few += 1
+        elif drop_equal and not bool(informative_groups(members)[0]):
+            uninformative += 1
+        else:
+            kept[group] = True
+            advantages[group, valid[group]] = ADVANTAGES[kind](members)[0]
+    return GroupAdvantages(advantages, kept, too_few, uninformative)
 
 
 def informative_groups(rewards: torch.Tensor, atol: float = 1e-9) -> torch.Tensor:

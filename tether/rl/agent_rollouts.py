@@ -10,8 +10,10 @@ and a request whose history changed is refused. The success check is the reward.
 
 Every turn's tokens go to a turn log beside the journal as it returns. With `agents.journal = "run"` both
 live in the run directory: a rollout killed mid-batch resumes (`tether train --resume`) where the
-journal stands, and the agents' replay machinery applies no step twice. This module imports the agents'
-public API (rl -> agents).
+journal stands, and the agents' replay machinery applies no step twice. An episode whose runner raises
+(the sandbox lost its session, a tool broke) is resumed from the journal the same way, up to
+`[rollout] infra_retries` times, and then marked infra-failed. This module imports the agents' public
+API (rl -> agents).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from tether.envs.registry import EnvRegistry
 from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import Problem, Task
 from tether.errors import ConfigError
-from tether.rl.episodes import ObservationEncoder, assemble
+from tether.rl.episodes import ObservationEncoder, Trajectory, assemble
+from tether.rl.retries import RetryPolicy, describe, infra_reason
 from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal
@@ -327,6 +330,7 @@ class AgentRollouts:
     params: SamplingParams
     state_dir: Path | None = None
     lease_s: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     template: ChatTemplate = field(init=False)
     encoder: ObservationEncoder = field(init=False)
 
@@ -387,20 +391,30 @@ class AgentRollouts:
         runner = TaskRunner(journal, artifacts, pool, client, OWNER, RunnerConfig(lease_s=self.lease_s))
         journal.create_task(task_id, spec.model_dump(mode="json"))  # already there when resumed: kept
         error = None
-        if not journal.get_task(task_id).status.terminal:
+        failure: BaseException | None = None
+        retry_reasons: list[str] = []
+        while not journal.get_task(task_id).status.terminal:
             try:
                 status = await runner.run(task_id)
-                if status is None or not status.terminal:
-                    error = f"the episode stopped before its end ({status.value if status else 'lease held'})"
-            except Exception as failure:  # one broken episode must not stop the batch
-                error = f"{type(failure).__name__}: {failure}"
+            except Exception as raised:  # one broken episode must not stop the batch
+                failure, error = raised, describe(raised)
+                if len(retry_reasons) < self.retry.infra_retries:
+                    # Run again from the journal: the same seeds, and no step applied twice.
+                    retry_reasons.append(infra_reason(raised).value)
+                    continue
+                break
+            failure = error = None
+            if status is None or not status.terminal:
+                error = f"the episode stopped before its end ({status.value if status else 'lease held'})"
+            break
         record = journal.get_task(task_id)
         outcome = CheckOutcome.find(record.result) or CheckOutcome.find(record.error)
         reward, components, passed = reward_of(outcome)
-        if not log.turns:
-            why = error or record.error
-            raise ChatError(f"agent task {task_id} ended before its first model call: {why}")
-        trajectory = assemble(log.turns)
+        if failure is None and not log.turns:
+            failure = ChatError(f"agent task {task_id} ended before its first model call: {record.error}")
+            error = describe(failure)
+        # No turn at all: nothing to learn from, and the rollout is marked failed (never trained on).
+        trajectory = assemble(log.turns) if log.turns else Trajectory([], [], [], [], [])
         last = log.seen[-1] if log.seen else {}
         return Rollout(
             env=plan.env,
@@ -410,12 +424,15 @@ class AgentRollouts:
             completion_ids=trajectory.completion_ids,
             logprobs=trajectory.logprobs,
             versions=trajectory.versions,
-            finish_reason=log.turns[-1].finish_reason,
+            finish_reason=log.turns[-1].finish_reason if log.turns else FinishReason.ABORT.value,
             text=str(last.get("content") or ""),
-            reward=reward,
-            components=components,
-            passed=passed,
+            reward=reward if failure is None else 0.0,
+            components=components if failure is None else {},
+            passed=passed and failure is None,
             error=error,  # an episode that failed its check or spent its budget is scored, not an error
+            infra_failure=infra_reason(failure).value if failure is not None else None,
+            retries=len(retry_reasons),
+            retry_reasons=retry_reasons,
             loss_mask=trajectory.loss_mask,
             turns=list(log.turns),
             transcript=json.loads(json.dumps(log.seen, default=str)),

@@ -21,6 +21,7 @@ from tether.rl.agent_rollouts import register_agent_families
 from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner
 from tether.rl.remote_rollouts import server_rollouts
+from tether.rl.retries import RetryPolicy
 from tether.rl.rewards import add_reward_components
 from tether.rl.sections import AgentJournal, Backend, RolloutBackend
 from tether.rl.sources import EngineRollouts, RolloutSource
@@ -177,5 +178,13 @@ def build_trainer(
         assert engine is not None and tokenizer is not None
         agent_state = config.run_dir / "agent_journal" if config.agents.journal is AgentJournal.RUN else None
         params = sampling_params(config.rollout)
-        rollouts = EngineRollouts(engine, tokenizer, registry, ctx, params, agent_state_dir=agent_state)
+        rollouts = EngineRollouts(
+            engine,
+            tokenizer,
+            registry,
+            ctx,
+            params,
+            agent_state_dir=agent_state,
+            retry=RetryPolicy.of(config.rollout),
+        )
     return open_run(Trainer(config, engine, tokenizer, learner, registry, ctx, rollouts=rollouts), resume)

@@ -9,8 +9,8 @@ renders tool results as the token suffix the template puts after an assistant tu
 turns of an episode out as one token sequence with a loss mask (generated tokens 1, observation tokens
 0), the behaviour logprob and policy version of every generated token. `EpisodeDriver` runs many
 episodes through one engine as a continuous batch: every turn is a request, submitted as soon as its
-episode's tool calls return, so no episode waits for another. Tools run through the environment's
-`Episode`.
+episode's tool calls return, so no episode waits for another, and an episode that fails for an
+infrastructure reason runs again with the same seeds. Tools run through the environment's `Episode`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from tether.engine.sequence import FinishReason
 from tether.envs.context import ScoringContext
 from tether.envs.episode import Episode
 from tether.envs.registry import EnvRegistry
+from tether.envs.scoring import Score
 from tether.envs.tasks import Task
+from tether.rl.retries import RetryPolicy, describe, infra_reason, valid_score, within_deadline
 from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed, encode_prompt, task_tools
 
 if TYPE_CHECKING:
@@ -131,26 +133,34 @@ def assemble(turns: Sequence[Turn]) -> Trajectory:
 
 @dataclass(slots=True)
 class _Live:
-    """An episode in flight."""
+    """An episode in flight; after an infrastructure failure it starts again (`retry_reasons`)."""
 
     plan: PromptPlan
     sample: int
     task: Task
-    episode: Episode
-    prompt: list[int]
+    first_prompt: list[int]
+    ctx: ScoringContext  # the batch's: each try of the episode gets a child of it
+    episode: Episode | None = None
+    prompt: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    retry_reasons: list[str] = field(default_factory=list)
     rollout: Rollout | None = None
 
 
 @dataclass(slots=True)
 class EpisodeDriver:
-    """Runs episodes as a continuous batch on one engine (see the module docstring)."""
+    """Runs episodes as a continuous batch on one engine (see the module docstring).
+
+    An episode that fails for a reason not the model's (the sandbox failed a run or a session, a tool or
+    the environment raised, its score was late or invalid: `retries.py`) runs again from its first turn
+    with the same seeds, up to `retry.infra_retries` times; then its rollout is marked infra-failed."""
 
     engine: LLMEngine
     tokenizer: PreTrainedTokenizerBase
     registry: EnvRegistry
     params: SamplingParams  # per turn; n episodes per plan
     parse_reply: ReplyParser | None = None  # None: the template's tool-call format (`template_reply`)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     template: ChatTemplate = field(init=False)
     encoder: ObservationEncoder = field(init=False)
     _reply: ReplyParser = field(init=False, repr=False)
@@ -165,26 +175,15 @@ class EpisodeDriver:
         tasks = [self.registry.get(plan.env).task(plan.seed) for plan in plans]
         # Rendered before any episode opens a session: a template that cannot render the tools fails here.
         prompts = [encode_prompt(self.template, task) for task in tasks]
-        slots = [
-            (plan, task, prompt, i)
+        live = [
+            _Live(plan, i, task, list(prompt), ctx)
             for plan, task, prompt in zip(plans, tasks, prompts, strict=True)
             for i in range(self.params.n)
         ]
-        started = await asyncio.gather(
-            *(self.registry.get(plan.env).start(task, ctx.child()) for plan, task, _, _ in slots),
-            return_exceptions=True,
-        )
-        episodes = [e for e in started if isinstance(e, Episode)]
-        if len(episodes) < len(started):  # close the sessions that did open before failing the batch
-            await asyncio.gather(*(e.close() for e in episodes), return_exceptions=True)
-            raise next(e for e in started if isinstance(e, BaseException))
-        live = [
-            _Live(plan, i, task, episode, list(prompt))
-            for (plan, task, prompt, i), episode in zip(slots, episodes, strict=True)
-        ]
+        started = await asyncio.gather(*(self._start(episode) for episode in live))
+        ready = [episode for episode, ok in zip(live, started, strict=True) if ok]
         in_engine: dict[str, _Live] = {}
         stepping: set[asyncio.Task[None]] = set()
-        ready = list(live)
         try:
             while ready or in_engine or stepping:
                 for episode in ready:
@@ -207,10 +206,34 @@ class EpisodeDriver:
             for task in stepping:
                 task.cancel()
             await asyncio.gather(*stepping, return_exceptions=True)
-            await asyncio.gather(*(e.episode.close() for e in live), return_exceptions=True)
+            await asyncio.gather(*(e.episode.close() for e in live if e.episode), return_exceptions=True)
         rollouts = [episode.rollout for episode in live]
         assert all(r is not None for r in rollouts), "every episode ends with a rollout"
         return tasks, [r for r in rollouts if r is not None]
+
+    async def _start(self, live: _Live) -> bool:
+        """Open the episode (again, after a failure) at its first turn; False when it could not be
+        opened within its retries (its rollout is then marked infra-failed)."""
+        env = self.registry.get(live.plan.env)
+        while True:
+            try:
+                live.episode = await env.start(live.task, live.ctx.child())
+            except Exception as failure:  # a session the sandbox could not open, a failing setup...
+                live.episode = None
+                if self._retry(live, failure):
+                    continue
+                live.turns = []
+                live.rollout = self._rollout(live, None, failure)
+                return False
+            live.prompt, live.turns = list(live.first_prompt), []
+            return True
+
+    def _retry(self, live: _Live, failure: BaseException) -> bool:
+        """Whether the episode may run again after `failure` (noted as a retry when it may)."""
+        if len(live.retry_reasons) >= self.retry.infra_retries:
+            return False
+        live.retry_reasons.append(infra_reason(failure).value)
+        return True
 
     def _submit(self, episode: _Live) -> str:
         turn = len(episode.turns)
@@ -219,14 +242,16 @@ class EpisodeDriver:
             if turn == 0
             else derive_seed("turn", episode.plan.sample_seed, episode.sample, turn)
         )
+        tried = len(episode.retry_reasons)
         request_id = f"episode-{episode.plan.sample_seed}-{episode.plan.group}-{episode.sample}-{turn}"
+        request_id += f"-retry{tried}" if tried else ""  # the same seeds, but a new request
         self.engine.add_request(request_id, episode.prompt, replace(self.params, n=1, seed=seed))
         return request_id
 
     async def _advance(self, live: _Live, output: RequestOutput, ready: list[_Live]) -> None:
         """Record the turn, step the environment with the reply, then queue the next turn or finish."""
         (completion,) = output.completions
-        assert completion.finish_reason is not None
+        assert completion.finish_reason is not None and live.episode is not None
         turn = Turn(
             output.request_id,
             list(output.prompt_token_ids),
@@ -236,27 +261,39 @@ class EpisodeDriver:
             completion.finish_reason.value,
         )
         live.turns.append(turn)
+        episode = live.episode
         text = str(self.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
-        error = None
+        outcome: Score | BaseException
         try:
-            results = await live.episode.step(self._reply(text, live.task))
-            if not live.episode.done and completion.finish_reason is FinishReason.ABORT:
-                live.episode.done = True
-            if not live.episode.done:
+            results = await episode.step(self._reply(text, live.task))
+            if not episode.done and completion.finish_reason is FinishReason.ABORT:
+                episode.done = True
+            if not episode.done:
                 last = turn.completion_ids[-1]
                 observation = self.encoder.encode(results, last, task_tools(live.task))
                 live.prompt = turn.prompt_ids + turn.completion_ids + observation
                 if len(live.prompt) < self.engine.config.max_model_len:
                     ready.append(live)
                     return
-                live.episode.done = True  # the context is full: the episode ends where it is
-            score = await live.episode.score()
+                episode.done = True  # the context is full: the episode ends where it is
+            outcome = valid_score(await within_deadline(episode.score(), self.retry.score_timeout_s))
         except Exception as failure:  # one broken environment must not stop the batch
-            error, score = f"{type(failure).__name__}: {failure}", None
-        await live.episode.close()
-        trajectory = assemble(live.turns)
-        state = live.episode.state
-        live.rollout = Rollout(
+            outcome = failure
+        await episode.close()
+        if isinstance(outcome, BaseException) and self._retry(live, outcome):
+            if await self._start(live):
+                ready.append(live)
+            return
+        live.rollout = self._rollout(live, episode, outcome)
+
+    def _rollout(self, live: _Live, episode: Episode | None, outcome: Score | BaseException) -> Rollout:
+        """The episode's rollout: scored, or (`outcome` a failure) infra-failed with its reason."""
+        score = outcome if isinstance(outcome, Score) else None
+        failure = outcome if isinstance(outcome, BaseException) else None
+        no_turn = Trajectory(list(live.first_prompt), [], [], [], [])  # it failed before its first turn
+        trajectory = assemble(live.turns) if live.turns else no_turn
+        state = episode.state if episode is not None else None
+        return Rollout(
             env=live.plan.env,
             seed=live.plan.seed,
             group=live.plan.group,
@@ -264,14 +301,18 @@ class EpisodeDriver:
             completion_ids=trajectory.completion_ids,
             logprobs=trajectory.logprobs,
             versions=trajectory.versions,
-            finish_reason=turn.finish_reason,
-            text=state.final_text,
+            finish_reason=live.turns[-1].finish_reason if live.turns else FinishReason.ABORT.value,
+            text=state.final_text if state is not None else "",
             reward=score.total if score is not None else 0.0,
             components=dict(score.components) if score is not None else {},
             passed=score.passed if score is not None else False,
-            sandbox_time_s=score.sandbox_time_s if score is not None else state.ctx.sandbox_time_s,
-            error=error,
+            sandbox_time_s=state.ctx.sandbox_time_s if state is not None else 0.0,
+            error=describe(failure) if failure is not None else None,
+            infra_failure=infra_reason(failure).value if failure is not None else None,
+            retries=len(live.retry_reasons),
+            retry_reasons=list(live.retry_reasons),
+            qc_violation=score.qc_violation if score is not None else None,
             loss_mask=trajectory.loss_mask,
             turns=list(live.turns),
-            transcript=json.loads(json.dumps(state.messages, default=str)),
+            transcript=json.loads(json.dumps(state.messages, default=str)) if state is not None else [],
         )

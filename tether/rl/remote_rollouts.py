@@ -21,6 +21,7 @@ from tether.envs.registry import EnvRegistry, mixture_from_weights
 from tether.errors import ConfigError, InfraReason
 from tether.rl.config import TrainConfig
 from tether.rl.fleet import FleetHealth, Served, Spread, Unserved, spread
+from tether.rl.retries import RetryPolicy
 from tether.rl.rollout import PromptPlan, Rollout, encode_prompt, score_groups
 from tether.rl.sections import WeightSync
 from tether.rl.server_errors import ServerError, server_failed
@@ -71,8 +72,10 @@ class RemoteRollouts:
         dtype: torch.dtype = torch.float32,
         clock: Callable[[], float] = time.monotonic,
         failover: Failover = Failover(),
+        retry: RetryPolicy = RetryPolicy(),
     ) -> None:
         assert servers, "a fleet of at least one server"
+        self.retry = retry  # scoring's: re-scoring after a sandbox or scorer failure
         self.servers = list(servers)
         self.transport = transport
         self.tokenizer = tokenizer
@@ -107,7 +110,7 @@ class RemoteRollouts:
         ]
         generated = self.clock()
         served = [rollout for rollout in rollouts if rollout.infra_failure is None]
-        self._loop.run_until_complete(score_groups(self.registry, tasks, served, self.ctx))
+        self._loop.run_until_complete(score_groups(self.registry, tasks, served, self.ctx, self.retry))
         scored = self.clock()
         counters = {
             **self.ctx.take_counters(),
@@ -270,5 +273,13 @@ def server_rollouts(
     tokenizer = load_tokenizer(resolve(config.model.name, config.model.cache_dir))
     failover = Failover(section.server_attempts, section.server_probe_s)
     return RemoteRollouts(
-        servers, transport, tokenizer, registry, ctx, params, config.model.dtype.torch, failover=failover
+        servers,
+        transport,
+        tokenizer,
+        registry,
+        ctx,
+        params,
+        config.model.dtype.torch,
+        failover=failover,
+        retry=RetryPolicy.of(config.rollout),
     )

@@ -2,9 +2,10 @@
 
 Plan (`plan_prompts`, pure: which environment and task seed each prompt of a step gets, from per-domain
 cursors) -> run (`generate_groups`: one engine request per prompt with `SamplingParams(n=...)`, so the n
-samples share the prompt's KV blocks) -> score (`score_groups`: every reward component kept). A rollout
-carries token ids, the behaviour logprobs and the policy version of every generated token, so the
-learner never re-tokenizes and can correct for staleness. Multi-turn episodes are rolled out by
+samples share the prompt's KV blocks) -> score (`score_groups`: every reward component kept;
+infrastructure failures retried, then marked rather than scored, `retries.py`). A rollout carries token
+ids, the behaviour logprobs and the policy version of every generated token, so the learner never
+re-tokenizes and can correct for staleness. Multi-turn episodes are rolled out by
 `episodes.py` into the same `Rollout`, with a loss mask over their observation tokens.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, Mixture
 from tether.envs.scoring import Score
 from tether.envs.tasks import Task
+from tether.rl.retries import RetryPolicy, retry_scoring
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -77,6 +79,7 @@ class Rollout:
     # rollout never enters the advantages. None: scored (the model's own failures are rewards).
     infra_failure: str | None = None
     retries: int = 0  # times it was re-scored or re-generated after an infrastructure failure
+    retry_reasons: list[str] = field(default_factory=list)  # the `InfraReason` that caused each retry
     qc_violation: str | None = None  # the episode broke a rule of its environment (protected files...)
     loss_mask: list[bool] | None = None  # per completion token; None: all generated (single turn)
     turns: list[Turn] = field(default_factory=list)  # multi-turn: every engine request, in order
@@ -114,6 +117,7 @@ class Rollout:
             "error": self.error,
             "infra_failure": self.infra_failure,
             "retries": self.retries,
+            "retry_reasons": self.retry_reasons,
             "qc_violation": self.qc_violation,
             **({"turns": len(self.turns), "transcript": self.transcript} if self.turns else {}),
         }
@@ -206,22 +210,22 @@ async def score_groups(
     tasks: Sequence[Task],
     rollouts: Sequence[Rollout],
     ctx: ScoringContext,
+    policy: RetryPolicy = RetryPolicy(),
 ) -> None:
-    """Score every rollout in place, concurrently; a reward function that fails scores 0 with its error."""
+    """Score every rollout in place, concurrently. A scoring that fails for a reason not the model's
+    (`retries.py`) is tried again under `policy`, then marks the rollout infra-failed with its reason."""
     by_group = {task_index: task for task_index, task in enumerate(tasks)}
 
     async def one(rollout: Rollout) -> None:
         task = by_group[rollout.group]
-        child = ctx.child()
-        try:
-            score: Score = await registry.get(rollout.env).score(task, rollout.text, child)
-        except Exception as error:  # one broken scorer must not stop training
-            rollout.error = f"{type(error).__name__}: {error}"
-            rollout.sandbox_time_s = child.sandbox_time_s
-            return
-        rollout.reward = score.total
-        rollout.components = dict(score.components)
-        rollout.passed = score.passed
-        rollout.sandbox_time_s = score.sandbox_time_s
+        children: list[ScoringContext] = []
+
+        def attempt() -> Awaitable[Score]:
+            children.append(ctx.child())
+            return registry.get(rollout.env).score(task, rollout.text, children[-1])
+
+        attempts = await retry_scoring(attempt, policy)
+        attempts.apply(rollout)
+        rollout.sandbox_time_s = sum(child.sandbox_time_s for child in children)  # every try's time
 
     await asyncio.gather(*(one(rollout) for rollout in rollouts))

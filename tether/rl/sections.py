@@ -304,6 +304,29 @@ class RolloutSection(Section):
         description="How each version's weights reach the engines: ray accepts collective (default) or "
         "object_store, sglang collective (default) or safetensors, vllm safetensors; auto: the default.",
     )
+    infra_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Times a rollout that failed for an infrastructure reason (sandbox error or failed "
+        "worker QC, scorer error or timeout, invalid reward) is tried again: a single-turn answer is "
+        "re-scored, an episode or agent task re-run with the same seeds. Still failed, it is left out "
+        "of its group's advantages.",
+    )
+    score_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest one scoring (an answer's reward, an episode's final score) may take before "
+        "it counts as a scorer_timeout infrastructure failure, s.",
+    )
+    max_infra_failure_rate: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="A step whose share of rollouts still infra-failed after retries is above this "
+        "stops the run (InfraFailureRateError) before learning from it; 1: never stop.",
+    )
     sync_host: str = Field(
         "127.0.0.1",
         min_length=1,
@@ -351,6 +374,12 @@ class AlgorithmSection(Section):
     clip_high: float = Field(0.2, ge=0, le=10, description="Ratio clipped above at 1 + clip_high.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of k3 KL to the frozen initial model (0: none).")
     drop_equal_groups: bool = Field(False, description="DAPO dynamic sampling: skip all-equal groups.")
+    min_group_samples: int = Field(
+        2,
+        ge=1,
+        description="Fewest scored samples a group keeps after leaving out infra-failed ones; a group "
+        "with fewer is dropped (capped at rollout.samples_per_prompt).",
+    )
     overlong_buffer_tokens: int = Field(
         0, ge=0, description="DAPO overlong penalty over the last N tokens of max_new_tokens (0: off)."
     )

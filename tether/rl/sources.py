@@ -25,6 +25,7 @@ from tether.envs.registry import EnvRegistry
 from tether.envs.tasks import Task
 from tether.rl.agent_rollouts import AgentRollouts, is_agent_env
 from tether.rl.episodes import EpisodeDriver, ReplyParser
+from tether.rl.retries import RetryPolicy
 from tether.rl.rollout import PromptPlan, Rollout, generate_groups, score_groups
 
 if TYPE_CHECKING:
@@ -74,8 +75,10 @@ class EngineRollouts:
         clock: Callable[[], float] = time.monotonic,
         parse_reply: ReplyParser | None = None,
         agent_state_dir: Path | None = None,
+        retry: RetryPolicy = RetryPolicy(),
     ) -> None:
         self.engine = engine
+        self.retry = retry  # of rollouts that fail for an infrastructure reason (`retries.py`)
         self.tokenizer = tokenizer
         self.registry = registry
         self.ctx = ctx
@@ -93,17 +96,21 @@ class EngineRollouts:
     def generate(self, plans: Sequence[PromptPlan]) -> Generated:
         start = self.clock()
         if any(is_agent_env(plan.env) for plan in plans):
-            agents = AgentRollouts(self.engine, self.tokenizer, self.params, self.agent_state_dir)
+            agents = AgentRollouts(
+                self.engine, self.tokenizer, self.params, self.agent_state_dir, retry=self.retry
+            )
             tasks, rollouts = self._loop.run_until_complete(agents.run(plans, self.registry, self.ctx))
             return Generated(tasks, rollouts, self.clock() - start, 0.0, self.ctx.take_counters())
         if any(self.registry.get(plan.env).multi_turn for plan in plans):
             # Episodes are scored as they end, while the engine keeps generating for the others.
-            driver = EpisodeDriver(self.engine, self.tokenizer, self.registry, self.params, self.parse_reply)
+            driver = EpisodeDriver(
+                self.engine, self.tokenizer, self.registry, self.params, self.parse_reply, self.retry
+            )
             tasks, rollouts = self._loop.run_until_complete(driver.run(plans, self.ctx))
             return Generated(tasks, rollouts, self.clock() - start, 0.0, self.ctx.take_counters())
         tasks, rollouts = generate_groups(self.engine, self.tokenizer, self.registry, plans, self.params)
         generated = self.clock()
-        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
+        self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx, self.retry))
         scored = self.clock()
         return Generated(tasks, rollouts, generated - start, scored - generated, self.ctx.take_counters())
 

@@ -12,6 +12,7 @@ The trainer does no printing: callers watch it through the `on_step` callback.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from tether.envs.context import ScoringContext
 from tether.envs.registry import EnvRegistry, Mixture, mixture_from_weights
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
-from tether.rl.advantages import compute_advantages, informative_groups, overlong_penalty
+from tether.rl.advantages import group_advantages, overlong_penalty
 from tether.rl.checkpoint import (
     PendingCheckpoint,
     has_checkpoint,
@@ -40,9 +41,10 @@ from tether.rl.checkpoint import (
 )
 from tether.rl.config import TrainConfig, dump_config
 from tether.rl.learner import Learner
-from tether.rl.metrics import domain_metrics, staleness
+from tether.rl.metrics import add_counters, domain_metrics, staleness
 from tether.rl.pipeline import WeightStore, run_async
 from tether.rl.report import write_report
+from tether.rl.retries import RetryPolicy, check_failure_rate
 from tether.rl.rollout import Rollout, plan_prompts
 from tether.rl.samples import Sample
 from tether.rl.sections import AlgorithmSection, Mode, RolloutSection
@@ -72,8 +74,9 @@ class Produced:
 @dataclass(frozen=True, slots=True)
 class Batch:
     samples: list[Sample]
-    dropped_groups: int
-    rewards_shaped_mean: float
+    dropped_groups: int  # DAPO dynamic sampling: groups whose scored rewards were all equal
+    short_groups: int  # groups left with fewer scored samples than `[algorithm] min_group_samples`
+    rewards_shaped_mean: float  # over scored rollouts
 
 
 def to_samples(
@@ -85,34 +88,47 @@ def to_samples(
 ) -> Batch:
     """Group rollouts by prompt, shape rewards, compute advantages, drop uninformative groups if asked.
 
-    `rollouts` come `group_size` per prompt, prompts in order (as `generate_groups` returns them). A
-    rollout with tokens older than `policy_version` (the learner's) is marked stale."""
+    `rollouts` come `group_size` per prompt, prompts in order (as `generate_groups` returns them). An
+    infra-failed rollout is no member of its group: the advantages, DAPO's filter and the overlong
+    penalty see only the scored ones, and it never becomes a sample. A rollout with tokens older than
+    `policy_version` (the learner's) is marked stale."""
     assert len(rollouts) % group_size == 0, "rollouts must come in whole groups"
     groups = len(rollouts) // group_size
-    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(groups, group_size)
+    scored = [r.infra_failure is None for r in rollouts]
+    assert all(math.isfinite(r.reward) for r, ok in zip(rollouts, scored, strict=True) if ok), (
+        "a scored rollout has a finite reward (scoring marks any other invalid_reward)"
+    )
+    valid = torch.tensor(scored, dtype=torch.bool).view(groups, group_size)
+    rewards = torch.tensor(
+        [r.reward if ok else 0.0 for r, ok in zip(rollouts, scored, strict=True)], dtype=torch.float32
+    ).view(groups, group_size)
     if algorithm.overlong_buffer_tokens > 0:
         lengths = torch.tensor([r.generated_tokens for r in rollouts]).view(groups, group_size)
         rewards = rewards + overlong_penalty(lengths, max_new_tokens, algorithm.overlong_buffer_tokens)
-    advantages = compute_advantages(algorithm.advantage, rewards)
-    keep = (
-        informative_groups(rewards) if algorithm.drop_equal_groups else torch.ones(groups, dtype=torch.bool)
+    grouped = group_advantages(
+        algorithm.advantage,
+        rewards,
+        valid,
+        min_samples=min(algorithm.min_group_samples, group_size),
+        drop_equal=algorithm.drop_equal_groups,
     )
     samples = []
     for index, rollout in enumerate(rollouts):
         group, member = divmod(index, group_size)
-        if keep[group]:
+        if grouped.kept[group] and valid[group, member]:
             samples.append(
                 Sample(
                     token_ids=rollout.prompt_ids + rollout.completion_ids,
                     completion_start=len(rollout.prompt_ids),
                     behaviour_logprobs=list(rollout.logprobs),
-                    advantage=float(advantages[group, member]),  # one per episode, on all its tokens
+                    advantage=float(grouped.advantages[group, member]),  # one per episode, on all its tokens
                     loss_mask=rollout.loss_mask,
                     stale=policy_version is not None
                     and any(v < policy_version for v in rollout.generated_versions),
                 )
             )
-    return Batch(samples, int((~keep).sum()), float(rewards.mean()))
+    shaped = float(rewards[valid].mean()) if bool(valid.any()) else 0.0
+    return Batch(samples, grouped.uninformative, grouped.too_few, shaped)
 
 
 def split_threads(threads: int) -> tuple[int, int]:
@@ -163,7 +179,8 @@ class Trainer:
         self.params = sampling_params(config.rollout)
         if rollouts is None:
             assert engine is not None and tokenizer is not None, "without a rollout source: an engine"
-            rollouts = EngineRollouts(engine, tokenizer, registry, ctx, self.params, clock)
+            retry = RetryPolicy.of(config.rollout)
+            rollouts = EngineRollouts(engine, tokenizer, registry, ctx, self.params, clock, retry=retry)
         self.rollouts = rollouts
 
     # --- run directory -----------------------------------------------------------------------------
@@ -257,6 +274,8 @@ class Trainer:
         assert produced.step == self.step, f"batch of step {produced.step} given at step {self.step}"
         start = self.clock()
         rollouts = produced.rollouts
+        # Before anything of the step is learned or recorded: a resumed run meets the same batch again.
+        check_failure_rate(rollouts, config.rollout.max_infra_failure_rate)
         batch = to_samples(
             rollouts,
             config.algorithm,
@@ -268,16 +287,17 @@ class Trainer:
         metrics.update(staleness(rollouts, self.step))
         if batch.samples:
             metrics.update(self.learner.step(batch.samples).to_dict())
-        # else every group was uninformative: nothing to learn from, the policy stays as it is
+        # else every group was uninformative or too short: nothing to learn from, the policy stays
         self.cursors = produced.cursors
         self.step += 1
         completion_tokens = sum(r.generated_tokens for r in rollouts)
         metrics.update(domain_metrics(rollouts))
-        metrics.update(produced.counters)
+        add_counters(metrics, produced.counters)
         metrics.update(
             {
                 "policy_version": float(self.step),
                 "dropped_groups": float(batch.dropped_groups),
+                "rollout/groups_dropped": float(batch.short_groups),
                 "trained_sequences": float(len(batch.samples)),
                 "reward_shaped": batch.rewards_shaped_mean,
                 "time/generate_s": produced.generate_s,

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from tether.errors import TetherError
-from tether.sandbox.result import RunResult, RunStatus
+from tether.errors import InfraError, InfraReason, TetherError
+from tether.sandbox.interface import SessionLost
+from tether.sandbox.result import QcStatus, RunResult, RunStatus
 
 if TYPE_CHECKING:
     from tether.sandbox.interface import Session
@@ -41,6 +42,20 @@ class Workspace(Protocol):
     async def read_file(self, path: str) -> bytes: ...
 
 
+def sound(result: RunResult) -> RunResult:
+    """`result` when the sandbox ran the program soundly; an `InfraError` when it could not run it
+    (`sandbox_error`) or the worker failed its quality check after the run (`sandbox_qc`). The program's
+    own failures (it timed out, crashed, ran out of memory) are sound results: they are the model's."""
+    if result.status is RunStatus.SANDBOX_ERROR:
+        raise InfraError(InfraReason.SANDBOX_ERROR, f"the sandbox could not run the program: {result.error}")
+    if result.qc is QcStatus.FAILED:
+        why = "; ".join(result.qc_detail) or "no reason given"
+        raise InfraError(
+            InfraReason.SANDBOX_QC, f"sandbox worker {result.worker} failed its quality check: {why}"
+        )
+    return result
+
+
 class Timer(Protocol):
     """Wraps sandbox work to account for its time (an episode's `ScoringContext.timed`)."""
 
@@ -52,15 +67,25 @@ async def _untimed(work: Awaitable[T]) -> T:
 
 
 class SandboxWorkspace:
-    """A sandbox session's working directory; files persist between calls until the session closes."""
+    """A sandbox session's working directory; files persist between calls until the session closes.
 
-    def __init__(self, session: Session, timed: Timer = _untimed) -> None:
+    `infra_errors`: a run the sandbox failed (`sound`) or a lost session raises `InfraError`, so that RL
+    episodes leave it out of the rewards; otherwise (hosted agents) the run's status is returned as it
+    is, and the model sees it."""
+
+    def __init__(self, session: Session, timed: Timer = _untimed, infra_errors: bool = False) -> None:
         self.session = session
         self._timed = timed
+        self._infra_errors = infra_errors
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
         """`Session.run` (same keyword arguments), timed."""
-        return await self._timed(self.session.run(code, language=language, **kwargs))
+        if not self._infra_errors:
+            return await self._timed(self.session.run(code, language=language, **kwargs))
+        try:
+            return sound(await self._timed(self.session.run(code, language=language, **kwargs)))
+        except SessionLost as lost:
+            raise InfraError(InfraReason.SANDBOX_ERROR, str(lost)) from lost
 
     async def write_file(self, path: str, content: str) -> None:
         await self._timed(self.session.upload({path: content}))
