@@ -21,7 +21,7 @@ import pytest
 
 from tether.rl.ray_backend import RESUMPTIONS, RayTrainer
 from tether.rl.ray_failover import ActorLostError, LearnerLostError
-from tether.rl.ray_rollouts import RETRIED_WORKER_LOST, WORKERS_REPLACED, RayRollouts
+from tether.rl.ray_rollouts import WORKERS_REPLACED, RayRollouts
 
 from .fake_envs import fake_registry
 from .ray_faults import StallingWorker, arm_stall, stalled_pid
@@ -29,6 +29,7 @@ from .test_ray_backend import _ray_config, _ray_trainer, _stable, ray_cluster  #
 from .test_trainer import make_trainer, tiny_config
 
 Metrics = dict[str, float]
+RETRIED_WORKER_LOST = "rollout/retried/worker_lost"
 on_ray = pytest.mark.usefixtures("ray_cluster")  # one local Ray cluster for the module
 
 

@@ -431,7 +431,6 @@ class AgentRollouts:
             passed=passed and failure is None,
             error=error,  # an episode that failed its check or spent its budget is scored, not an error
             infra_failure=infra_reason(failure).value if failure is not None else None,
-            retries=len(retry_reasons),
             retry_reasons=retry_reasons,
             loss_mask=trajectory.loss_mask,
             turns=list(log.turns),

@@ -309,7 +309,6 @@ class EpisodeDriver:
             sandbox_time_s=state.ctx.sandbox_time_s if state is not None else 0.0,
             error=describe(failure) if failure is not None else None,
             infra_failure=infra_reason(failure).value if failure is not None else None,
-            retries=len(live.retry_reasons),
             retry_reasons=list(live.retry_reasons),
             qc_violation=score.qc_violation if score is not None else None,
             loss_mask=trajectory.loss_mask,

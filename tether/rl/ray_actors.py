@@ -27,6 +27,7 @@ from tether.rl.config import TrainConfig
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Learner, LearnStats
 from tether.rl.ray_failover import Whereabouts
+from tether.rl.retries import RetryPolicy
 from tether.rl.rollout import PromptPlan
 from tether.rl.samples import Sample
 from tether.rl.sharded import ShardedLearner
@@ -68,7 +69,9 @@ class RolloutWorker:
         torch.manual_seed(config.run.seed)
         engine, tokenizer = make_engine(config, config.model.device)
         params = sampling_params(config.rollout)
-        self.rollouts = EngineRollouts(engine, tokenizer, registry, ScoringContext(sandbox), params)
+        self.rollouts = EngineRollouts(
+            engine, tokenizer, registry, ScoringContext(sandbox), params, retry=RetryPolicy.of(config.rollout)
+        )
         self.receiver: WeightReceiver | None = None
 
     def whereabouts(self) -> Whereabouts:

@@ -386,7 +386,6 @@ def start_actors(
             ray,
             slots,
             start_worker,
-            config.rollout.samples_per_prompt,
             section.call_timeout_s,
             section.max_worker_restarts,
             collective,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tether.errors import InfraReason
 from tether.rl.ray_failover import (
     ActorLostError,
     ActorName,
@@ -37,7 +38,6 @@ from tether.rl.sources import Generated
 
 Weights = dict[str, torch.Tensor]
 WORKERS_REPLACED = "rollout/workers_replaced"
-RETRIED_WORKER_LOST = "rollout/retried/worker_lost"
 
 
 class RemoteWeights(Iterator[tuple[str, torch.Tensor]]):
@@ -102,7 +102,6 @@ class RayRollouts:
         ray: ModuleType,
         slots: Sequence[WorkerSlot],
         start_worker: StartWorker,
-        samples_per_prompt: int,
         call_timeout_s: float,
         max_restarts: int,
         collective: CollectiveSync | None = None,
@@ -111,7 +110,6 @@ class RayRollouts:
         self.ray = ray
         self.slots = list(slots)
         self.start_worker = start_worker
-        self.samples_per_prompt = samples_per_prompt
         self.call_timeout_s = call_timeout_s
         self.start_timeout_s = start_timeout_s  # a replacement's placement, on top of call_timeout_s
         self.restarts_left = max_restarts
@@ -141,11 +139,10 @@ class RayRollouts:
             self.collective = self.collective.reform(self.workers)
         for index in set(replaced):
             for rollout in outputs[index].rollouts:
-                rollout.retries += replaced.count(index)
+                rollout.retry_reasons.extend([InfraReason.WORKER_LOST.value] * replaced.count(index))
         merged = merge_shards(plans, [outputs[index] for index in busy])
         counters = {
             WORKERS_REPLACED: float(len(replaced) + self._replaced_between_steps),
-            RETRIED_WORKER_LOST: float(sum(len(shards[i]) for i in replaced) * self.samples_per_prompt),
         }
         self._replaced_between_steps = 0
         for key, value in counters.items():

@@ -58,7 +58,8 @@ class RemoteRollouts:
     its unfinished prompts go, with the same seeds, to the servers left, each at most
     `failover.attempts` times; a prompt still unserved comes back as infra-failed rollouts
     (`engine_failure`, no completion). With no server left the step fails naming each server's error.
-    Counters: `rollout/retried/engine_failure` (samples re-issued), `rollout/servers_removed` (since the
+    Re-issued samples carry `engine_failure` in their `retry_reasons` (counted as
+    `rollout/retried/engine_failure`). Counters: `rollout/servers_removed` (since the
     last step), `rollout/servers_healthy` (in rotation after the step)."""
 
     def __init__(
@@ -114,7 +115,6 @@ class RemoteRollouts:
         scored = self.clock()
         counters = {
             **self.ctx.take_counters(),
-            f"rollout/retried/{InfraReason.ENGINE_FAILURE}": float(spread.reissued * self.params.n),
             "rollout/servers_removed": float(self.fleet.take_removals()),
             "rollout/servers_healthy": float(len(self.fleet.in_rotation())),
         }
@@ -137,7 +137,7 @@ class RemoteRollouts:
                     "abort",
                     error=error,
                     infra_failure=InfraReason.ENGINE_FAILURE.value,
-                    retries=outcome.attempts - 1,
+                    retry_reasons=[InfraReason.ENGINE_FAILURE.value] * (outcome.attempts - 1),
                 )
                 for _ in range(self.params.n)
             ]
@@ -152,7 +152,7 @@ class RemoteRollouts:
                 list(sample.versions),
                 sample.finish_reason,
                 text=str(self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)),
-                retries=outcome.attempts - 1,
+                retry_reasons=[InfraReason.ENGINE_FAILURE.value] * (outcome.attempts - 1),
             )
             for sample in outcome.value
         ]

@@ -86,8 +86,8 @@ class Attempts:
 
     def apply(self, rollout: Rollout) -> None:
         """Record the outcome on `rollout` (its reward only when it was scored)."""
-        rollout.retries = len(self.retry_reasons)
-        rollout.retry_reasons = list(self.retry_reasons)
+        # after any retries of its source (a re-issued request) come those of scoring
+        rollout.retry_reasons = [*rollout.retry_reasons, *self.retry_reasons]
         rollout.infra_failure = None if self.failure is None else self.failure.value
         rollout.error = self.error
         if self.score is not None:

@@ -78,12 +78,16 @@ class Rollout:
     # Why it could not be scored, when that was not the model's doing (an `InfraReason` value): such a
     # rollout never enters the advantages. None: scored (the model's own failures are rewards).
     infra_failure: str | None = None
-    retries: int = 0  # times it was re-scored or re-generated after an infrastructure failure
     retry_reasons: list[str] = field(default_factory=list)  # the `InfraReason` that caused each retry
     qc_violation: str | None = None  # the episode broke a rule of its environment (protected files...)
     loss_mask: list[bool] | None = None  # per completion token; None: all generated (single turn)
     turns: list[Turn] = field(default_factory=list)  # multi-turn: every engine request, in order
     transcript: list[dict[str, Any]] = field(default_factory=list)  # multi-turn: the episode's messages
+
+    @property
+    def retries(self) -> int:
+        """Times it was re-scored or re-generated after an infrastructure failure."""
+        return len(self.retry_reasons)
 
     @property
     def truncated(self) -> bool:
