@@ -44,7 +44,7 @@ from tether.envs.scoring import Reward, RewardInput, Rubric
 from tether.envs.tasks import Problem, Task
 from tether.errors import ConfigError
 from tether.rl.episodes import ObservationEncoder, assemble
-from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
+from tether.rl.rollout import PromptPlan, Rollout, Turn, billed_prompts, derive_seed
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal
 from tether.tools import FINISH, PYTHON, READ_FILE, SHELL, WRITE_FILE
@@ -280,6 +280,7 @@ class TokenClient:
             list(completion.logprobs),
             list(completion.versions),
             completion.finish_reason.value,
+            output.num_cached_tokens,
         )
         text = str(self.template.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
         message = (
@@ -290,7 +291,7 @@ class TokenClient:
         self.log.add(request.step_no, turn, [*request.messages, message])
         return Completion(
             message,
-            Usage(len(turn.prompt_ids), output.num_cached_tokens, len(turn.completion_ids)),
+            Usage(len(turn.prompt_ids), turn.cached_tokens, len(turn.completion_ids)),
             _finish_reason(completion.finish_reason, message),
             tuple(turn.completion_ids),
             tuple(turn.logprobs),
@@ -402,6 +403,7 @@ class AgentRollouts:
             raise ChatError(f"agent task {task_id} ended before its first model call: {why}")
         trajectory = assemble(log.turns)
         last = log.seen[-1] if log.seen else {}
+        billed, cached = billed_prompts(log.turns)
         return Rollout(
             env=plan.env,
             seed=plan.seed,
@@ -415,6 +417,8 @@ class AgentRollouts:
             reward=reward,
             components=components,
             passed=passed,
+            billed_prompt_tokens=billed,
+            cached_prompt_tokens=cached,
             error=error,  # an episode that failed its check or spent its budget is scored, not an error
             loss_mask=trajectory.loss_mask,
             turns=list(log.turns),

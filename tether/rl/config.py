@@ -25,9 +25,11 @@ from tether.rl.sections import (
     AgentsSection,
     AlgorithmSection,
     Backend,
+    CostSection,
     EnvsSection,
     LearnerSection,
     ModelSection,
+    MonitorsSection,
     OptimSection,
     RaySection,
     RolloutBackend,
@@ -48,6 +50,8 @@ class TrainConfig(Section):
     ray: RaySection = Field(default_factory=lambda: RaySection())
     learner: LearnerSection = Field(default_factory=lambda: LearnerSection())
     agents: AgentsSection = Field(default_factory=lambda: AgentsSection())
+    cost: CostSection = Field(default_factory=lambda: CostSection())
+    monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
 
     @property
     def rollout_backend(self) -> RolloutBackend:
@@ -163,6 +167,8 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "ray": RaySection,
     "learner": LearnerSection,
     "agents": AgentsSection,
+    "cost": CostSection,
+    "monitors": MonitorsSection,
 }
 
 

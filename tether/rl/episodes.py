@@ -29,7 +29,15 @@ from tether.envs.context import ScoringContext
 from tether.envs.episode import Episode
 from tether.envs.registry import EnvRegistry
 from tether.envs.tasks import Task
-from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed, encode_prompt, task_tools
+from tether.rl.rollout import (
+    PromptPlan,
+    Rollout,
+    Turn,
+    billed_prompts,
+    derive_seed,
+    encode_prompt,
+    task_tools,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -234,6 +242,7 @@ class EpisodeDriver:
             list(completion.logprobs),
             list(completion.versions),
             completion.finish_reason.value,
+            output.num_cached_tokens,
         )
         live.turns.append(turn)
         text = str(self.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
@@ -256,6 +265,7 @@ class EpisodeDriver:
         await live.episode.close()
         trajectory = assemble(live.turns)
         state = live.episode.state
+        billed, cached = billed_prompts(live.turns)
         live.rollout = Rollout(
             env=live.plan.env,
             seed=live.plan.seed,
@@ -270,6 +280,10 @@ class EpisodeDriver:
             components=dict(score.components) if score is not None else {},
             passed=score.passed if score is not None else False,
             sandbox_time_s=score.sandbox_time_s if score is not None else state.ctx.sandbox_time_s,
+            sandbox_cpu_s=state.ctx.sandbox_cpu_s,
+            billed_prompt_tokens=billed,
+            cached_prompt_tokens=cached,
+            qc_violation=score.qc_violation if score is not None else None,
             error=error,
             loss_mask=trajectory.loss_mask,
             turns=list(live.turns),

@@ -188,9 +188,12 @@ class RemoteRollouts:
                 versions=list(sample.versions),
                 finish_reason=sample.finish_reason,
                 text=str(self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)),
+                # Billed as our engine would be: the prompt once per plan, on its first sample.
+                billed_prompt_tokens=len(prompt) if index == 0 else 0,
+                cached_prompt_tokens=min(sample.cached_tokens, len(prompt)) if index == 0 else 0,
             )
             for plan, prompt, samples in zip(plans, prompts, answers, strict=True)
-            for sample in samples
+            for index, sample in enumerate(samples)
         ]
         generated = self.clock()
         self._loop.run_until_complete(score_groups(self.registry, tasks, rollouts, self.ctx))
