@@ -35,7 +35,7 @@ from tether.rl.monitors import (
     over_thresholds,
     pearson,
 )
-from tether.rl.report import read_metrics
+from tether.rl.report import read_jsonl
 from tether.rl.rollout import PromptPlan, Rollout, score_groups
 from tether.rl.sections import Monitor, MonitorsSection
 from tether.rl.sources import Generated
@@ -254,7 +254,7 @@ def test_the_trainer_records_warnings_and_the_report_lists_them(
     [metrics] = trainer.run()
     trainer.close()
     run_dir = tmp_path / "tiny"
-    warnings = read_metrics(run_dir / WARNINGS_FILE)
+    warnings = read_jsonl(run_dir / WARNINGS_FILE)
     assert metrics[WARNINGS] == len(warnings) >= 3
     assert {row["monitor"] for row in warnings} >= {"exploit_reward_share", "reward_length_correlation"}
     assert all(row["step"] == 1 and row["domain"] == HACK for row in warnings)

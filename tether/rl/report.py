@@ -81,6 +81,11 @@ class Chart:
 
 def read_metrics(path: Path) -> list[Row]:
     """The rows of a `metrics.jsonl` (empty when the run has not finished a step yet)."""
+    return read_jsonl(path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file of the run (empty when there is none yet)."""
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -355,7 +360,7 @@ def write_report(run_dir: Path, evaluation: Evaluation | None = None) -> Path:
     elif stored.is_file():
         evaluation = json.loads(stored.read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
-    warnings = read_metrics(run_dir / WARNINGS_FILE)
+    warnings = read_jsonl(run_dir / WARNINGS_FILE)
     cost = json.loads((run_dir / COST_FILE).read_text()) if (run_dir / COST_FILE).is_file() else None
     path = run_dir / REPORT
     tmp = path.with_name(path.name + ".tmp")
