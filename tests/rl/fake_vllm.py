@@ -49,6 +49,8 @@ class FakeState:
     """The Authorization header of each completion request."""
     updates: list[dict[str, Any]] = field(default_factory=list)
     cache_resets: int = 0
+    cached_tokens: int | None = None
+    """Cached prompt tokens to report in usage.prompt_tokens_details (None: no details, vLLM's default)."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -115,7 +117,15 @@ def create_fake_vllm(state: FakeState) -> FastAPI:
             "created": int(time.time()),
             "model": body.get("model"),
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": n * max_tokens},
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": n * max_tokens,
+                **(
+                    {"prompt_tokens_details": {"cached_tokens": state.cached_tokens}}
+                    if state.cached_tokens is not None
+                    else {}
+                ),
+            },
         }
 
     @app.post("/pause")

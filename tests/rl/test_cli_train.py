@@ -207,3 +207,23 @@ def test_live_view_shows_infra_failures_and_retries_only_when_a_step_had_them() 
     }
     shown = " ".join(_view_text(metrics).split())  # the headline wraps at the console's width
     assert "infra-failed 2 (sandbox_error, scorer_timeout), retried 5" in shown
+
+
+def test_live_view_shows_the_step_cost_and_warns_of_monitors_over_their_threshold() -> None:
+    metrics = {
+        **BASE_METRICS,
+        "tokens/prompt_cached": 400.0,
+        "tokens/prompt_uncached": 600.0,
+        "tokens/output": 250.0,
+        "cost/standard_usd": 0.003527,
+        "cost/fast_usd": 0.007054,
+        "sandbox/cpu_s": 1.25,
+        "monitor/math/arithmetic/exploit_reward_share": 0.4,
+        "monitor/math/arithmetic/qc_violation_rate": 0.0,
+    }
+    text = _view_text(metrics)
+    assert "cost $0.003527 standard, $0.007054 fast: 1000 prompt tokens (400 cached) + 250 output" in text
+    assert "sandbox CPU 1.25s" in text
+    assert "warning: math/arithmetic: exploit_reward_share 0.400 > 0.1" in text
+    assert "qc_violation_rate" not in text  # under its threshold: no warning
+    assert "warning" not in _view_text(BASE_METRICS)

@@ -33,7 +33,7 @@ def test_minimal_config_takes_safe_defaults() -> None:
         ({"envs": {"weights": {}}}, "envs.weights = {}"),
         (
             {**MINIMAL, "optimizer": {}},
-            "unknown key 'optimizer'; known keys: agents, algorithm, envs, learner, model",
+            "unknown key 'optimizer'; known keys: agents, algorithm, cost, envs, learner, model, monitors",
         ),
         ({**MINIMAL, "optim": {"learning_rate": 1}}, "unknown key 'optim.learning_rate'; known keys: beta1"),
         ({**MINIMAL, "optim": {"lr": -1}}, "optim.lr = -1: Input should be greater than 0"),

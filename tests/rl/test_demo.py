@@ -6,6 +6,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,12 @@ def test_tiny_demo_evaluates_held_out_seeds_with_the_initial_then_the_trained_po
     trained = [json.loads(line) for line in (run_dir / "transcripts.jsonl").read_text().splitlines()]
     assert trained and all(row["seed"] < 50 for row in trained)
     assert (run_dir / "report.html").is_file() and (run_dir / "config.toml").is_file()
+    # The report states in dollars what the training rollouts would cost at the gateway, exactly.
+    cost = json.loads((run_dir / "cost.json").read_text())
+    assert cost["steps"] == 2 and Decimal(cost["cost/standard_usd_total"]) > 0
+    page = (run_dir / "report.html").read_text()
+    assert f"<td>standard</td><td>${cost['cost/standard_usd_total']}</td>" in page
+    assert f"<td>fast</td><td>${cost['cost/fast_usd_total']}</td>" in page
     assert not (run_dir / "checkpoints").exists()  # checkpoint_every > steps: the demo keeps none
     assert [row.env for row in result.comparisons] == ["test/vowels", "test/digits", ALL]
     for row in result.comparisons:

@@ -166,6 +166,12 @@ def check_token_fidelity(rollout: Rollout, log: EngineLog, tokenizer: Any) -> No
     assert trained == generated
     masked_logprobs = [lp for lp, mine in zip(rollout.logprobs, rollout.loss_mask, strict=True) if mine]
     assert masked_logprobs == [lp for t in rollout.turns for lp in t.logprobs]
+    # Billed as the gateway would bill the requests: every turn's prompt, its cached part as the engine saw.
+    assert rollout.billed_prompt_tokens == sum(len(log.prompts[t.request_id]) for t in rollout.turns)
+    assert rollout.cached_prompt_tokens == sum(t.cached_tokens for t in rollout.turns)
+    assert all(0 <= t.cached_tokens <= len(t.prompt_ids) for t in rollout.turns)
+    if len(rollout.turns) > 1:  # a later turn's prompt starts with the earlier turns, in the prefix cache
+        assert rollout.turns[-1].cached_tokens > 0
 
 
 def test_many_episodes_train_on_exactly_the_generated_tokens(

@@ -184,3 +184,30 @@ def test_the_report_says_when_the_run_resumed_or_replaced_rollout_workers() -> N
         '<p class="failover">Resumed from its last checkpoint 1 time(s) after losing the learner; '
         "3 rollout worker(s) replaced.</p>"
     ) in page
+
+
+def test_the_report_shows_cost_per_step_exact_totals_monitors_and_their_warnings(tmp_path: Path) -> None:
+    rows = [
+        {
+            **row,
+            "tokens/prompt_cached": 100.0 * row["step"],
+            "tokens/prompt_uncached": 50.0,
+            "tokens/output": 7.0,
+            "cost/standard_usd": 0.0001,
+            "cost/fast_usd": 0.0002,
+            "monitor/math/arithmetic/exploit_reward_share": 0.05 * row["step"],
+        }
+        for row in _rows()
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    warning = {"step": 3, "domain": "math/arithmetic", "monitor": "exploit_reward_share", "value": 0.15}
+    (tmp_path / "warnings.jsonl").write_text(json.dumps({**warning, "threshold": 0.1}) + "\n")
+    page = write_report(tmp_path).read_text()
+    for title in ("Rollout cost per step", "Rollout tokens per step", "exploit_reward_share"):
+        assert f'alt="{title}"' in page
+    # No cost.json (a run from before it existed): the totals at the gateway's default prices, exactly.
+    # 600 cached x 0.18 + 150 uncached x 1.80 + 21 output x 9.50 = 577.5 micro-dollars.
+    assert "<td>standard</td><td>$0.0005775</td><td>600</td><td>150</td><td>21</td>" in page
+    assert "at the gateway's default prices" in page
+    assert "<td>math/arithmetic</td><td>exploit_reward_share</td><td>1</td><td>3</td><td>3</td>" in page
+    assert "No monitor went over its threshold." in render_report(rows, "quiet")

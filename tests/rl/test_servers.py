@@ -72,6 +72,17 @@ async def test_vllm_server_sends_token_ids_and_reads_back_ids_logprobs_and_versi
     assert body["prompt"] == PROMPT and body["n"] == 2 and body["seed"] == 3 and body["logprobs"] == 0
 
 
+@pytest.mark.parametrize(("reported", "cached"), [(None, 0), (4, 4)])
+async def test_vllm_cached_prompt_tokens_are_read_from_usage_and_zero_when_not_reported(
+    fake: tuple[FakeState, str], state: FakeState, reported: int | None, cached: int
+) -> None:
+    state.cached_tokens = reported
+    backend = vllm(fake)
+    samples = await backend.generate(PROMPT, PARAMS)
+    await backend.aclose()
+    assert [s.cached_tokens for s in samples] == [cached, cached]
+
+
 async def test_vllm_weight_update_bumps_the_version_of_later_tokens(
     fake: tuple[FakeState, str], state: FakeState, tmp_path: Path
 ) -> None:

@@ -62,14 +62,35 @@ def _domains(metrics: Metrics) -> list[str]:
     )
 
 
+def _cost(metrics: Metrics) -> str | None:
+    """The step's rollout tokens, what they would cost at the gateway, and the sandbox's CPU time."""
+    if "cost/standard_usd" not in metrics:
+        return None
+    cached, uncached = metrics["tokens/prompt_cached"], metrics["tokens/prompt_uncached"]
+    return (
+        f"cost ${metrics['cost/standard_usd']:.6f} standard, ${metrics['cost/fast_usd']:.6f} fast: "
+        f"{cached + uncached:.0f} prompt tokens ({cached:.0f} cached) + {metrics['tokens/output']:.0f} "
+        f"output; sandbox CPU {metrics.get('sandbox/cpu_s', 0.0):.2f}s"
+    )
+
+
+def _warnings(config: TrainConfig, metrics: Metrics) -> list[str]:
+    """The step's reward-hacking monitors over their `[monitors]` threshold."""
+    from tether.rl.monitors import over_thresholds
+
+    return [f"warning: {warning.message}" for warning in over_thresholds(metrics, config.monitors)]
+
+
 def step_line(config: TrainConfig, metrics: Metrics) -> str:
     """One plain line for a step, where the output is not a terminal (a log, `make demo`)."""
     rewards = ", ".join(f"{domain} {metrics[f'domain/{domain}/reward']:.3f}" for domain in _domains(metrics))
-    return f"{config.run.name} {_headline(config, metrics)}  {metrics['time/step_s']:.1f} s  ({rewards})"
+    line = f"{config.run.name} {_headline(config, metrics)}  {metrics['time/step_s']:.1f} s  ({rewards})"
+    return "; ".join([line, *_warnings(config, metrics)])
 
 
 def step_view(config: TrainConfig, metrics: Metrics) -> Group:
-    """The live view of the latest step: progress, timings, throughput, staleness, rewards per domain."""
+    """The live view of the latest step: progress, timings, throughput, staleness, cost, the
+    reward-hacking monitors' warnings and rewards per domain."""
     head = Text.assemble((f"{config.run.name} ", "bold"), _headline(config, metrics))
     generate, score = metrics["time/generate_s"], metrics["time/score_s"]
     learn, push = metrics["time/learn_s"], metrics.get("time/push_s", 0.0)
@@ -84,6 +105,9 @@ def step_view(config: TrainConfig, metrics: Metrics) -> Group:
             f"learn {learn:.1f}s + push {push:.2f}s"
         )
     timing = Text(split, style="dim")
+    cost = _cost(metrics)
+    notes = [Text(cost, style="dim")] if cost is not None else []
+    notes += [Text(warning, style="bold yellow") for warning in _warnings(config, metrics)]
     table = Table(box=None, pad_edge=False)
     for column in ("domain", "rollouts", "reward", "pass", "tokens", "truncated", "sandbox s"):
         table.add_column(column, justify="left" if column == "domain" else "right")
@@ -98,7 +122,7 @@ def step_view(config: TrainConfig, metrics: Metrics) -> Group:
             f"{metrics[prefix + 'truncation_rate']:.1%}",
             f"{metrics[prefix + 'sandbox_s']:.2f}",
         )
-    return Group(head, timing, table)
+    return Group(head, timing, *notes, table)
 
 
 @contextmanager

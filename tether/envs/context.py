@@ -73,8 +73,9 @@ class SandboxProvider:
 
 
 class ScoringContext:
-    """Per-episode access to the sandbox, with the time spent in it accumulated for reporting, and the
-    counters reward components keep of what scoring spent (judge requests, tokens, dollars), which a
+    """Per-episode access to the sandbox, with the time spent in it accumulated for reporting (wall time
+    waited, `sandbox_time_s`, and the CPU time its runs used, `sandbox_cpu_s` from `RunResult.cpu_ms`), and
+    the counters reward components keep of what scoring spent (judge requests, tokens, dollars), which a
     context shares with its children so that a rollout source reads one total per step."""
 
     def __init__(
@@ -85,6 +86,7 @@ class ScoringContext:
     ):
         self.sandbox = sandbox
         self.sandbox_time_s = 0.0
+        self.sandbox_cpu_s = 0.0
         self._clock = clock
         self._counters: dict[str, float] = {} if counters is None else counters
 
@@ -108,12 +110,18 @@ class ScoringContext:
         return await self.sandbox.pool()
 
     async def timed(self, work: Awaitable[T]) -> T:
-        """Await sandbox work, adding its time to this context's `sandbox_time_s`."""
+        """Await sandbox work, adding its time to this context's `sandbox_time_s` and, when it is a run
+        (a session's runs come through here too), its CPU time to `sandbox_cpu_s`."""
+        from tether.sandbox.result import RunResult
+
         start = self._clock()
         try:
-            return await work
+            result = await work
         finally:
             self.sandbox_time_s += self._clock() - start
+        if isinstance(result, RunResult):
+            self.sandbox_cpu_s += result.cpu_ms / 1000
+        return result
 
     async def run(self, code: str | bytes, language: str = "python", **kwargs: Any) -> RunResult:
         """`Sandbox.run` (same keyword arguments), timed; a run the sandbox failed raises `InfraError`

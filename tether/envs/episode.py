@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tether.chat import ChatError, Message, Messages, ToolCall, ToolResult, message_text, tool_calls_of
 from tether.envs.context import ScoringContext
 from tether.envs.errors import EnvError
+from tether.envs.exploits import Exploit, parser_exploits
 from tether.envs.scoring import EpisodeState, RewardInput, Rubric, Score
 from tether.envs.tasks import Parsed, Parser, Renderer, Task, TaskSource, check_json, check_name, check_seed
 from tether.tools import NoWorkspace, Tool, Toolbox, Workspace
@@ -73,6 +74,8 @@ class Environment:
     adversarial: Callable[[Task], Sequence[str]] | None = None
     max_tool_output_chars: int = 8000
     responder: Responder | None = None
+    # Known ways to game this domain (`envs/exploits.py`), on top of its parser's; watched in training.
+    exploits: tuple[Exploit, ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -117,6 +120,12 @@ class Environment:
             tools=self.tool_specs(),
             max_turns=self.max_turns,
         )
+
+    def exploits_in(self, task: Task, completion: str) -> list[str]:
+        """The names of the known exploits (the parser's and the domain's) that `completion` matches."""
+        return [
+            e.name for e in (*parser_exploits(self.parser), *self.exploits) if e.matches(task, completion)
+        ]
 
     def reference(self, task: Task) -> Messages:
         if self.reference_replies is not None:

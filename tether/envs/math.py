@@ -23,6 +23,7 @@ from math_verify import LatexExtractionConfig, parse, verify  # type: ignore[imp
 
 from tether.envs.code.extract import CodeBlockParser
 from tether.envs.episode import Environment
+from tether.envs.exploits import printed_literally
 from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.rubric import answer_rubric, hedged
@@ -362,6 +363,7 @@ def program_arithmetic_environment() -> Environment:
         rubric=answer_rubric(program_correctness, max_chars=PROGRAM_MAX_CHARS),
         description="integer arithmetic answered by a Python program that the sandbox runs",
         adversarial=_program_adversarial,
+        exploits=(printed_literally(PROGRAM_PARSER, lambda task: str(task.data["value"])),),
     )
 
 

@@ -47,7 +47,7 @@ from tether.envs.tasks import Problem, Task
 from tether.errors import ConfigError
 from tether.rl.episodes import ObservationEncoder, Trajectory, assemble
 from tether.rl.retries import RetryPolicy, describe, infra_reason
-from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed
+from tether.rl.rollout import PromptPlan, Rollout, Turn, billed_prompts, derive_seed
 from tether.store.artifacts import ArtifactStore
 from tether.store.journal import Journal
 from tether.tools import FINISH, PYTHON, READ_FILE, SHELL, WRITE_FILE
@@ -283,6 +283,7 @@ class TokenClient:
             list(completion.logprobs),
             list(completion.versions),
             completion.finish_reason.value,
+            output.num_cached_tokens,
         )
         text = str(self.template.tokenizer.decode(turn.completion_ids, skip_special_tokens=True))
         message = (
@@ -293,7 +294,7 @@ class TokenClient:
         self.log.add(request.step_no, turn, [*request.messages, message])
         return Completion(
             message,
-            Usage(len(turn.prompt_ids), output.num_cached_tokens, len(turn.completion_ids)),
+            Usage(len(turn.prompt_ids), turn.cached_tokens, len(turn.completion_ids)),
             _finish_reason(completion.finish_reason, message),
             tuple(turn.completion_ids),
             tuple(turn.logprobs),
@@ -416,6 +417,7 @@ class AgentRollouts:
         # No turn at all: nothing to learn from, and the rollout is marked failed (never trained on).
         trajectory = assemble(log.turns) if log.turns else Trajectory([], [], [], [], [])
         last = log.seen[-1] if log.seen else {}
+        billed, cached = billed_prompts(log.turns)
         return Rollout(
             env=plan.env,
             seed=plan.seed,
@@ -429,6 +431,8 @@ class AgentRollouts:
             reward=reward if failure is None else 0.0,
             components=components if failure is None else {},
             passed=passed and failure is None,
+            billed_prompt_tokens=billed,
+            cached_prompt_tokens=cached,
             error=error,  # an episode that failed its check or spent its budget is scored, not an error
             infra_failure=infra_reason(failure).value if failure is not None else None,
             retry_reasons=retry_reasons,

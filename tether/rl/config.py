@@ -26,9 +26,11 @@ from tether.rl.sections import (
     AgentsSection,
     AlgorithmSection,
     Backend,
+    CostSection,
     EnvsSection,
     LearnerSection,
     ModelSection,
+    MonitorsSection,
     OptimSection,
     RaySection,
     RolloutBackend,
@@ -54,6 +56,8 @@ class TrainConfig(Section):
         description="[[rewards]] tables: judge or reward-model components added to environments of the "
         "mixture (`reward_sections.py`); none: each environment's own rubric alone.",
     )
+    cost: CostSection = Field(default_factory=lambda: CostSection())
+    monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
 
     @property
     def rollout_backend(self) -> RolloutBackend:
@@ -169,6 +173,8 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "ray": RaySection,
     "learner": LearnerSection,
     "agents": AgentsSection,
+    "cost": CostSection,
+    "monitors": MonitorsSection,
 }
 _TABLE_LISTS: dict[str, type[BaseModel]] = {"rewards": RewardSection}  # [[name]] tables
 

@@ -31,7 +31,15 @@ from tether.envs.registry import EnvRegistry
 from tether.envs.scoring import Score
 from tether.envs.tasks import Task
 from tether.rl.retries import RetryPolicy, describe, infra_reason, valid_score, within_deadline
-from tether.rl.rollout import PromptPlan, Rollout, Turn, derive_seed, encode_prompt, task_tools
+from tether.rl.rollout import (
+    PromptPlan,
+    Rollout,
+    Turn,
+    billed_prompts,
+    derive_seed,
+    encode_prompt,
+    task_tools,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -259,6 +267,7 @@ class EpisodeDriver:
             list(completion.logprobs),
             list(completion.versions),
             completion.finish_reason.value,
+            output.num_cached_tokens,
         )
         live.turns.append(turn)
         episode = live.episode
@@ -293,6 +302,7 @@ class EpisodeDriver:
         no_turn = Trajectory(list(live.first_prompt), [], [], [], [])  # it failed before its first turn
         trajectory = assemble(live.turns) if live.turns else no_turn
         state = episode.state if episode is not None else None
+        billed, cached = billed_prompts(live.turns)
         return Rollout(
             env=live.plan.env,
             seed=live.plan.seed,
@@ -311,6 +321,9 @@ class EpisodeDriver:
             infra_failure=infra_reason(failure).value if failure is not None else None,
             retry_reasons=list(live.retry_reasons),
             qc_violation=score.qc_violation if score is not None else None,
+            sandbox_cpu_s=state.ctx.sandbox_cpu_s if state is not None else 0.0,
+            billed_prompt_tokens=billed,
+            cached_prompt_tokens=cached,
             loss_mask=trajectory.loss_mask,
             turns=list(live.turns),
             transcript=json.loads(json.dumps(state.messages, default=str)) if state is not None else [],

@@ -1,13 +1,14 @@
 """`report.html` of a run: the held-out evaluation (when the run had one) at the top, then reward,
-response-length and reward-component curves per domain, every logged learner metric and the step time
-split, drawn from `metrics.jsonl`.
+response-length and reward-component curves per domain, the reward-hacking monitors and their
+warnings, what the rollouts would cost at the gateway's prices, every logged learner metric and the step
+time split, drawn from `metrics.jsonl` (with `warnings.jsonl` and the exact totals of `cost.json`).
 
 Each domain keeps one colour, marker and dash pattern in every chart and in the tables (`domain_styles`),
 and later lines are drawn thinner, so a line that lies on another still shows. The charts are planned as
 plain data (`charts`), then rendered as PNGs with matplotlib's Agg backend and embedded as base64, so the
 page opens from disk with no server and no network. The trainer rewrites it at every checkpoint and at
 the end of a run; `write_report` replaces the file atomically and keeps the evaluation it was once given
-(`evaluation.json`). It reads metrics only: no model, no run state.
+(`evaluation.json`). It reads those files only: no model, no run state.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tether.chat.pricing import DEFAULT_PRICES, Tier
+from tether.rl.cost import COST_FILE, OUTPUT, PROMPT_CACHED, PROMPT_UNCACHED, cost_key, summarize
+from tether.rl.monitors import PREFIX as MONITOR
+from tether.rl.monitors import WARNINGS_FILE
+from tether.rl.sections import Monitor
 
 Row = dict[str, float]
 Curves = dict[str, tuple[list[float], list[float]]]  # label -> (steps, values)
@@ -74,6 +81,11 @@ class Chart:
 
 def read_metrics(path: Path) -> list[Row]:
     """The rows of a `metrics.jsonl` (empty when the run has not finished a step yet)."""
+    return read_jsonl(path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file of the run (empty when there is none yet)."""
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -155,6 +167,14 @@ def charts(rows: Sequence[Row], names: Sequence[str] | None = None) -> list[Char
         planned.append(
             Chart("Learner", key, "value", lines({key: curve(rows, key)}, {key: _style(0, NEUTRAL[0])}))
         )
+    for monitor in Monitor:  # one chart per monitor, a line per domain that has it
+        found = {n: curve(rows, f"{MONITOR}{n}/{monitor.value}") for n in names}
+        planned.append(Chart("Reward hacking monitors", monitor.value, "value", lines(found, styles)))
+    cost = {tier.value: curve(rows, cost_key(tier)) for tier in Tier}
+    planned.append(Chart("Cost", "Rollout cost per step", "USD", lines(cost, _neutral(cost))))
+    tokens = {"prompt cached": PROMPT_CACHED, "prompt uncached": PROMPT_UNCACHED, "output": OUTPUT}
+    token_curves = {label: curve(rows, key) for label, key in tokens.items()}
+    planned.append(Chart("Cost", "Rollout tokens per step", "tokens", lines(token_curves, _neutral(tokens))))
     time_styles = {label: _style(i, NEUTRAL[i % len(NEUTRAL)]) for i, label in enumerate(TIMES)}
     planned.append(
         Chart(
@@ -165,6 +185,10 @@ def charts(rows: Sequence[Row], names: Sequence[str] | None = None) -> list[Char
         )
     )
     return [chart for chart in planned if chart.lines]
+
+
+def _neutral(labels: Mapping[str, object]) -> dict[str, Style]:
+    return {label: _style(i, NEUTRAL[i % len(NEUTRAL)]) for i, label in enumerate(labels)}
 
 
 def _png(chart: Chart, small: bool) -> str:
@@ -260,15 +284,66 @@ def _failover(rows: Sequence[Row]) -> str:
     )
 
 
-def render_report(rows: Sequence[Row], title: str, evaluation: Evaluation | None = None) -> str:
-    """The report page of `rows` (one per step) as self-contained HTML, `evaluation` at the top."""
+def _cost_table(rows: Sequence[Row], cost: Mapping[str, Any] | None) -> str:
+    """The run's tokens and their exact cost per tier (`cost.json`; without one, at default prices)."""
+    if cost is None:
+        cost = summarize(rows, DEFAULT_PRICES).to_dict()
+        note = "at the gateway's default prices"
+    else:
+        note = "at the run's [cost] prices"
+    tokens = cost["tokens"]
+    head = "".join(f"<th>{c}</th>" for c in ("tier", "total USD", "prompt cached", "uncached", "output"))
+    cells = "".join(
+        f"<tr><td>{tier.value}</td><td>${html.escape(str(cost[cost_key(tier) + '_total']))}</td>"
+        f"<td>{tokens['prompt_cached']}</td><td>{tokens['prompt_uncached']}</td><td>{tokens['output']}</td></tr>"
+        for tier in Tier
+    )
+    return (
+        f"<h2>Cost</h2><p>What the rollouts of {cost['steps']} steps would cost at the gateway, {note}; "
+        f"sandbox CPU {float(cost['sandbox_cpu_s']):.2f} s.</p>"
+        f'<table id="cost"><tr>{head}</tr>{cells}</table>'
+    )
+
+
+def _warnings(warnings: Sequence[Mapping[str, Any]]) -> str:
+    """Each (domain, monitor) that went over its threshold: in how many steps, first and last, worst."""
+    seen: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for warning in warnings:
+        seen.setdefault((str(warning["domain"]), str(warning["monitor"])), []).append(warning)
+    if not seen:
+        return '<h2>Warnings</h2><p id="warnings">No monitor went over its threshold.</p>'
+    head = "".join(f"<th>{c}</th>" for c in ("domain", "monitor", "steps", "first", "last", "worst", "limit"))
+    cells = "".join(
+        f"<tr><td>{html.escape(domain)}</td><td>{html.escape(monitor)}</td><td>{len(found)}</td>"
+        f"<td>{found[0]['step']}</td><td>{found[-1]['step']}</td>"
+        f"<td>{max(float(w['value']) for w in found):.3f}</td><td>{found[0]['threshold']}</td></tr>"
+        for (domain, monitor), found in seen.items()
+    )
+    return f'<h2>Warnings</h2><table id="warnings"><tr>{head}</tr>{cells}</table>'
+
+
+def render_report(
+    rows: Sequence[Row],
+    title: str,
+    evaluation: Evaluation | None = None,
+    warnings: Sequence[Mapping[str, Any]] = (),
+    cost: Mapping[str, Any] | None = None,
+) -> str:
+    """The report page of `rows` (one per step) as self-contained HTML, `evaluation` at the top, then
+    the monitors' `warnings` (rows of `warnings.jsonl`) and the run's `cost` (`cost.json`)."""
     names = domains(rows)
     names += [str(row["env"]) for row in evaluation or () if row["env"] != ALL and row["env"] not in names]
     styles = domain_styles(names)
     body = [f"<h1>{html.escape(title)}</h1>"]
     if evaluation:
         body.append(_evaluation_table(evaluation, len(rows), styles))
-    body += [f"<p>Steps recorded: {len(rows)}.</p>", _failover(rows), _summary(rows, names, styles)]
+    body += [
+        f"<p>Steps recorded: {len(rows)}.</p>",
+        _failover(rows),
+        _summary(rows, names, styles),
+        _warnings(warnings),
+        _cost_table(rows, cost),
+    ]
     section = ""
     for chart in charts(rows, names):
         if chart.section != section:
@@ -299,8 +374,10 @@ def write_report(run_dir: Path, evaluation: Evaluation | None = None) -> Path:
     elif stored.is_file():
         evaluation = json.loads(stored.read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
+    warnings = read_jsonl(run_dir / WARNINGS_FILE)
+    cost = json.loads((run_dir / COST_FILE).read_text()) if (run_dir / COST_FILE).is_file() else None
     path = run_dir / REPORT
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_report(rows, f"tether run {run_dir.name}", evaluation))
+    tmp.write_text(render_report(rows, f"tether run {run_dir.name}", evaluation, warnings, cost))
     os.replace(tmp, path)
     return path

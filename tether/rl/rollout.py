@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tether.chat import ToolSpec
+from tether.chat import ToolSpec, Usage
 from tether.chat.template import ChatTemplate
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
@@ -52,6 +52,7 @@ class Turn:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
+    cached_tokens: int = 0  # of `prompt_ids`, found in the engine's prefix cache
 
 
 @dataclass(slots=True)
@@ -59,7 +60,12 @@ class Rollout:
     """One completion of one prompt (or one episode), with everything the learner and the metrics need.
 
     A multi-turn episode's `completion_ids` interleave generated and observation tokens: `loss_mask` says
-    which the model generated; observation tokens have logprob 0.0 and version -1."""
+    which the model generated; observation tokens have logprob 0.0 and version -1.
+
+    `billed_prompt_tokens` are the prompt tokens of the engine requests charged to it, as a gateway bills
+    them: a request of n samples reads its prompt once and charges it to its first sample, an episode
+    charges every turn's prompt; `cached_prompt_tokens` of them came from the prefix cache (a remote
+    server's own count when it reports one, else 0)."""
 
     env: str
     seed: int
@@ -74,6 +80,9 @@ class Rollout:
     components: dict[str, float] = field(default_factory=dict)
     passed: bool = False
     sandbox_time_s: float = 0.0
+    sandbox_cpu_s: float = 0.0  # CPU time of its sandbox runs (`ScoringContext.sandbox_cpu_s`)
+    billed_prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     error: str | None = None
     # Why it could not be scored, when that was not the model's doing (an `InfraReason` value): such a
     # rollout never enters the advantages. None: scored (the model's own failures are rewards).
@@ -106,6 +115,11 @@ class Rollout:
     def generated_tokens(self) -> int:
         return sum(self.generated)
 
+    @property
+    def usage(self) -> Usage:
+        """What the gateway would bill for it (`tether.chat.pricing.cost_usd`)."""
+        return Usage(self.billed_prompt_tokens, self.cached_prompt_tokens, self.generated_tokens)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
@@ -123,8 +137,16 @@ class Rollout:
             "retries": self.retries,
             "retry_reasons": self.retry_reasons,
             "qc_violation": self.qc_violation,
+            "billed_prompt_tokens": self.billed_prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "sandbox_cpu_s": self.sandbox_cpu_s,
             **({"turns": len(self.turns), "transcript": self.transcript} if self.turns else {}),
         }
+
+
+def billed_prompts(turns: Sequence[Turn]) -> tuple[int, int]:
+    """(prompt tokens, cached prompt tokens) of an episode's engine requests: every turn's prompt."""
+    return sum(len(turn.prompt_ids) for turn in turns), sum(turn.cached_tokens for turn in turns)
 
 
 def derive_seed(*parts: object) -> int:
@@ -191,8 +213,9 @@ def generate_groups(
     rollouts = []
     for request_id, plan in zip(request_ids, plans, strict=True):
         output = outputs[request_id]
-        for completion in output.completions:
+        for sample, completion in enumerate(output.completions):
             assert completion.finish_reason is not None
+            first = sample == 0  # the request read its prompt once: its first sample is billed for it
             rollouts.append(
                 Rollout(
                     env=plan.env,
@@ -204,6 +227,8 @@ def generate_groups(
                     versions=list(completion.versions),
                     finish_reason=completion.finish_reason.value,
                     text=str(tokenizer.decode(completion.token_ids, skip_special_tokens=True)),
+                    billed_prompt_tokens=len(output.prompt_token_ids) if first else 0,
+                    cached_prompt_tokens=output.num_cached_tokens if first else 0,
                 )
             )
     return tasks, rollouts
@@ -231,5 +256,6 @@ async def score_groups(
         attempts = await retry_scoring(attempt, policy)
         attempts.apply(rollout)
         rollout.sandbox_time_s = sum(child.sandbox_time_s for child in children)  # every try's time
+        rollout.sandbox_cpu_s = sum(child.sandbox_cpu_s for child in children)
 
     await asyncio.gather(*(one(rollout) for rollout in rollouts))

@@ -51,6 +51,9 @@ class ServerSample:
     versions: list[int]
     finish_reason: str
     """"stop", "length" or "abort", as the server reports it."""
+    cached_tokens: int = 0
+    """Prompt tokens of its request the server found in its prefix cache, as it reports them (vLLM's
+    `usage.prompt_tokens_details.cached_tokens`, SGLang's `meta_info.cached_tokens`); 0 when it does not."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.logprobs) == len(self.versions)
@@ -284,6 +287,7 @@ class VLLMServer(RolloutServer):
         choices = _field(answer, "choices", list, "/v1/completions")
         if len(choices) != params.n:
             raise ServerResponseError(f"/v1/completions: expected {params.n} choices, got {len(choices)}")
+        cached = _reported_count((answer.get("usage") or {}).get("prompt_tokens_details"), "cached_tokens")
         samples: list[ServerSample | None] = [None] * params.n
         for choice in choices:
             index = _field(choice, "index", int, "/v1/completions choice")
@@ -298,7 +302,9 @@ class VLLMServer(RolloutServer):
             if not 0 <= index < params.n:
                 raise ServerResponseError(f"/v1/completions: choice index {index} of {params.n} samples")
             reason = str(choice.get("finish_reason") or "abort")
-            samples[index] = ServerSample(ids, [float(v) for v in values], [version] * len(ids), reason)
+            samples[index] = ServerSample(
+                ids, [float(v) for v in values], [version] * len(ids), reason, cached
+            )
         if any(sample is None for sample in samples):
             raise ServerResponseError("/v1/completions: choice indices repeat")
         return [sample for sample in samples if sample is not None]
@@ -385,7 +391,8 @@ class SGLangServer(RolloutServer):
         finish = meta.get("finish_reason")
         reason = str(finish.get("type", "abort")) if isinstance(finish, dict) else "abort"
         ids = [int(t) for t in output_ids]
-        return ServerSample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason)
+        cached = _reported_count(meta, "cached_tokens")
+        return ServerSample(ids, [float(e[0]) for e in entries], [version] * len(ids), reason, cached)
 
     async def join_group(self, group: WeightsGroup, rank_offset: int) -> None:
         body = {
@@ -422,6 +429,12 @@ def _succeeded(answer: object, what: str) -> None:
     if not isinstance(answer, dict) or answer.get("success") is not True:
         message = answer.get("message") if isinstance(answer, dict) else answer
         raise ServerError(f"{what}: {message}")
+
+
+def _reported_count(container: object, key: str) -> int:
+    """A token count a server may report (e.g. cached prompt tokens): 0 when it reports none."""
+    value = container.get(key) if isinstance(container, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _check_prompt(prompt_token_ids: Iterable[int]) -> list[int]:

@@ -2,10 +2,11 @@
 
 `Trainer` wires a `RolloutSource` (`sources.py`: an engine in this process, servers or Ray workers), a
 `Learner` (updates), environments (scoring) and a run directory (`config.toml`, `metrics.jsonl`,
-`transcripts.jsonl`, `checkpoints/`). A policy version is the number of
-completed steps. Sync mode generates each batch with the current weights (staleness 0); async mode
-(`pipeline.py`) generates ahead on a rollout thread within `max_staleness` versions. Everything random is
-derived from (seed, step), and checkpoints hold the rest, so a resumed run repeats an uninterrupted one.
+`transcripts.jsonl`, `warnings.jsonl` of the reward-hacking monitors, `cost.json`, `checkpoints/`). A
+policy version is the number of completed steps. Sync mode generates each batch with the current weights
+(staleness 0); async mode (`pipeline.py`) generates ahead on a rollout thread within `max_staleness`
+versions. Everything random is derived from (seed, step), and checkpoints hold the rest, so a resumed run
+repeats an uninterrupted one.
 The trainer does no printing: callers watch it through the `on_step` callback.
 """
 
@@ -40,10 +41,12 @@ from tether.rl.checkpoint import (
     truncate_metrics,
 )
 from tether.rl.config import TrainConfig, dump_config
+from tether.rl.cost import COST_FILE, cost_metrics, summarize
 from tether.rl.learner import Learner
 from tether.rl.metrics import add_counters, domain_metrics, staleness
+from tether.rl.monitors import WARNINGS, WARNINGS_FILE, monitor_metrics, over_thresholds
 from tether.rl.pipeline import WeightStore, run_async
-from tether.rl.report import write_report
+from tether.rl.report import read_metrics, write_report
 from tether.rl.retries import RetryPolicy, check_failure_rate
 from tether.rl.rollout import Rollout, plan_prompts
 from tether.rl.samples import Sample
@@ -196,8 +199,8 @@ class Trainer:
                 self.push(self.learner.weights(), self.step)
             for version, weights in load_extra(checkpoint).get("snapshots", {}).items():
                 self.weight_store.put(int(version), weights)
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
-            truncate_metrics(self.run_dir / "transcripts.jsonl", self.step)
+            for name in ("metrics.jsonl", "transcripts.jsonl", WARNINGS_FILE):
+                truncate_metrics(self.run_dir / name, self.step)
             return
         if has_checkpoint(self.run_dir):
             raise ConfigError(
@@ -207,8 +210,8 @@ class Trainer:
         # A run killed before its first checkpoint committed left only steps it cannot resume from: it
         # starts over, and their lines go (the next save drops its partial checkpoint files).
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        truncate_metrics(self.run_dir / "metrics.jsonl", 0)
-        truncate_metrics(self.run_dir / "transcripts.jsonl", 0)
+        for name in ("metrics.jsonl", "transcripts.jsonl", WARNINGS_FILE):
+            truncate_metrics(self.run_dir / name, 0)
         (self.run_dir / "config.toml").write_text(dump_config(self.config))
 
     def checkpoint(self) -> Path:
@@ -236,7 +239,18 @@ class Trainer:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.wait()
+            self.write_cost()
             write_report(self.run_dir)
+
+    def write_cost(self) -> Path:
+        """(Re)write `cost.json`: the run's token counts and their exact cost per tier at `[cost]`'s
+        prices, summed from `metrics.jsonl` (so a resumed run's total counts each step once)."""
+        summary = summarize(read_metrics(self.run_dir / "metrics.jsonl"), self.config.cost.prices)
+        path = self.run_dir / COST_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        tmp.replace(path)
+        return path
 
     def maybe_checkpoint(self) -> None:
         if self.step % self.config.run.checkpoint_every == 0:
@@ -292,6 +306,7 @@ class Trainer:
         self.step += 1
         completion_tokens = sum(r.generated_tokens for r in rollouts)
         metrics.update(domain_metrics(rollouts))
+        metrics.update(self.observe(produced))
         add_counters(metrics, produced.counters)
         metrics.update(
             {
@@ -313,6 +328,21 @@ class Trainer:
             [{"step": self.step, "prompt": produced.tasks[r.group].messages, **r.to_dict()} for r in keep],
         )
         return metrics, bool(batch.samples)
+
+    def observe(self, produced: Produced) -> Metrics:
+        """The step's tokens, cost and sandbox CPU, and its reward-hacking monitors; those over their
+        threshold are appended to `warnings.jsonl` and counted as `monitor/warnings`."""
+        config, tasks = self.config, produced.tasks
+        metrics = cost_metrics(produced.rollouts, config.cost.prices)
+
+        def exploits(rollout: Rollout) -> list[str]:
+            return self.registry.get(rollout.env).exploits_in(tasks[rollout.group], rollout.text)
+
+        metrics.update(monitor_metrics(produced.rollouts, exploits, config.monitors))
+        warnings = over_thresholds(metrics, config.monitors)
+        metrics[WARNINGS] = float(len(warnings))
+        self._append(WARNINGS_FILE, [{"step": self.step, **warning.to_dict()} for warning in warnings])
+        return metrics
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load `weights` into the rollout source; its tokens are then recorded as `version` (the step)."""
@@ -366,6 +396,7 @@ class Trainer:
             if final_checkpoint and self.step % self.config.run.checkpoint_every != 0:
                 self.checkpoint()
             self.finish_checkpoint()
+            self.write_cost()  # also when no checkpoint was written (a demo's throwaway run)
         finally:
             torch.set_num_threads(threads)
             self._rollout_threads = None
