@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,7 +12,7 @@ from tether.chat import Message
 from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.episode import run_episode, scripted_policy
 from tether.envs.errors import EnvError
-from tether.envs.shell import TASKS, shell_env, tool_call_message
+from tether.envs.shell import TASKS, ShellSource, ShellTask, shell_env, tool_call_message
 from tether.sandbox import PoolConfig, SandboxSpec
 
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the loop that holds the module's pool
@@ -40,6 +41,20 @@ def test_tasks_are_seeded_and_hide_the_expected_state() -> None:
         assert task.data["files"] != env.task(4).data["files"]
         assert [tool["function"]["name"] for tool in task.tools] == ["shell", "python", "submit"]
         assert "sha" not in task.messages[1]["content"]
+
+
+def test_a_replace_draw_with_nothing_to_edit_is_redrawn_and_other_draws_are_kept() -> None:
+    # Seed 93105 once drew no `.txt` file under docs/, so the untouched tree passed and doing nothing
+    # scored 1.0 (seeds 31 and 131 too).
+    def raw(seed: int) -> ShellTask:
+        return TASKS["replace"][0](random.Random(f"shell/replace:{seed}"))
+
+    for seed in (31, 131, 93105):
+        assert raw(seed).solved_untouched()
+        task = ShellSource("replace").build(seed)
+        assert not task.solved_untouched()
+        assert any(path.startswith("docs/") and path.endswith(".txt") for path in task.files)
+    assert all(ShellSource("replace").build(seed) == raw(seed) for seed in range(31))
 
 
 def test_unknown_task_is_a_clear_error() -> None:

@@ -28,7 +28,7 @@ from tether.envs.parsers import ANSWER_TAG
 from tether.envs.registry import EnvRegistry
 from tether.envs.sandboxed import new_nonce, run_trusted
 from tether.envs.scoring import EpisodeState, Reward, RewardInput, Rubric
-from tether.envs.tasks import ChatRenderer, Problem, Task
+from tether.envs.tasks import ChatRenderer, Problem, Task, draw_unsolved
 from tether.sandbox.result import RunStatus
 from tether.tools import PYTHON, SHELL, SUBMIT
 
@@ -59,6 +59,19 @@ class ShellTask:
     # fixscript: run `bash <script> <input>` on hidden inputs and compare stdout
     script: str = ""
     hidden_runs: list[tuple[str, str]] = field(default_factory=list)  # (input text, expected stdout)
+    empty_dirs: list[str] = field(default_factory=list)  # directories that must end empty
+
+    def solved_untouched(self) -> bool:
+        """Whether the fixtures as written already pass the grader's file checks, so that doing nothing
+        would score (`replace` once drew no `.txt` file under `docs/`). A task with hidden runs is never
+        solved untouched here: its fixtures hold a broken script (`fix_script` puts two of its three
+        bugs in, and the hidden inputs expose them), whose runs only the sandbox can judge."""
+        if self.hidden_runs:
+            return False
+        present = all(self.files.get(path) == content for path, content in self.expected_files.items())
+        gone = not any(path in self.files for path in self.absent)
+        emptied = not any(path.startswith(f"{folder}/") for folder in self.empty_dirs for path in self.files)
+        return present and gone and emptied
 
 
 def _lines(rng: random.Random, count: int) -> str:
@@ -86,7 +99,7 @@ def organize(rng: random.Random) -> ShellTask:
         'cd inbox && for f in *; do case "$f" in *.*) e="${f##*.}";; *) e=none;; esac; '
         'mkdir -p "../sorted/$e" && mv -- "$f" "../sorted/$e/"; done'
     )
-    return ShellTask(instructions, files, expected, [command], absent=list(files))
+    return ShellTask(instructions, files, expected, [command], absent=list(files), empty_dirs=["inbox"])
 
 
 def replace(rng: random.Random) -> ShellTask:
@@ -286,7 +299,13 @@ class ShellSource:
     name: str
 
     def build(self, seed: int) -> ShellTask:
-        return TASKS[self.name][0](random.Random(f"shell/{self.name}:{seed}"))
+        generate = TASKS[self.name][0]
+        return draw_unsolved(
+            lambda drawn: generate(random.Random(f"shell/{self.name}:{drawn}")),
+            ShellTask.solved_untouched,
+            seed,
+            f"shell/{self.name}",
+        )
 
     def problem(self, seed: int) -> Problem:
         task = self.build(seed)
@@ -295,14 +314,13 @@ class ShellSource:
             f"{task.instructions}\n\nThe working directory holds:\n  {TASK_FILE} (this statement)\n"
             f"{listing}\n\nProtected files: {', '.join(task.protected)}."
         )
-        empty_dirs = ["inbox"] if self.name == "organize" else []
         data: dict[str, Any] = {
             "files": task.files | {TASK_FILE: task.instructions + "\n"},
             "protected": task.protected,
             "expect": {
                 "files": {path: sha256(content) for path, content in task.expected_files.items()},
                 "absent": task.absent,
-                "empty_dirs": empty_dirs,
+                "empty_dirs": task.empty_dirs,
             },
             "script": task.script,
             "hidden_runs": [list(run) for run in task.hidden_runs],

@@ -1,19 +1,26 @@
 """Tasks: what a task source produces for a seed (`Problem`), how it is rendered into chat messages
-and logged (`Task`), and how an answer is read back from a completion (`Parser`)."""
+and logged (`Task`), and how an answer is read back from a completion (`Parser`). Generators whose
+random draw can come out already solved re-draw it with `draw_unsolved`, so no task rewards doing
+nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tether.chat import Messages
 from tether.envs.errors import EnvError
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 MAX_SEED = 2**63 - 1
+# A generator whose draws come out solved this often in a row is broken, not unlucky.
+MAX_REDRAWS = 64
+
+Drawn = TypeVar("Drawn")
 
 
 def check_name(name: str) -> str:
@@ -37,6 +44,31 @@ def check_json(value: Any, what: str) -> None:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{what} must be JSON-serialisable: {error}") from None
+
+
+def redraw_seed(seed: int, attempt: int) -> int:
+    """The seed of the `attempt`-th draw for `seed`: the seed itself first (so a task that was fine stays
+    exactly as it was), then seeds derived from it by hashing, in [0, MAX_SEED]."""
+    if attempt == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}/redraw/{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & MAX_SEED
+
+
+def draw_unsolved(
+    draw: Callable[[int], Drawn], solved_untouched: Callable[[Drawn], bool], seed: int, what: str
+) -> Drawn:
+    """`draw(seed)`, re-drawn from `redraw_seed(seed, 1)`, `(seed, 2)`, ... while `solved_untouched` says
+    the drawn task is already solved before the model does anything (an answer that does nothing would
+    score). Deterministic: the same seed always gives the same task."""
+    for attempt in range(MAX_REDRAWS):
+        drawn = draw(redraw_seed(seed, attempt))
+        if not solved_untouched(drawn):
+            return drawn
+    raise EnvError(
+        f"{what} seed {seed}: {MAX_REDRAWS} draws in a row were solved before any action; "
+        "the generator cannot produce a task that needs work"
+    )
 
 
 @dataclass(frozen=True, slots=True)
