@@ -15,6 +15,7 @@ from tether.errors import InfraError, InfraReason
 from tether.sandbox.interface import SessionLost
 from tether.sandbox.pool import NoFreeSlot
 from tether.sandbox.result import QcStatus, RunResult, RunStatus
+from tether.sandbox.session import SessionClosed
 from tether.sandbox.spec import SandboxSpec
 from tether.tools.workspace import SandboxWorkspace
 
@@ -116,3 +117,8 @@ async def test_an_episodes_workspace_raises_for_sandbox_failures_and_a_hosted_on
     with pytest.raises(InfraError, match="is lost") as gone:
         await SandboxWorkspace(lost, infra_errors=True).run("ls")  # type: ignore[arg-type]
     assert gone.value.reason is InfraReason.SANDBOX_ERROR
+    # The sandbox closed the session after an unhealthy run: the episode's next run cannot be the model's.
+    closed = _Session(SANDBOX_ERROR, raises=SessionClosed("session s1 is closed"))
+    with pytest.raises(InfraError, match="is closed") as shut:
+        await SandboxWorkspace(closed, infra_errors=True).run("ls")  # type: ignore[arg-type]
+    assert shut.value.reason is InfraReason.SANDBOX_ERROR

@@ -30,6 +30,7 @@ from tether.envs.verifiers_env import (
     load_verifiers_environment,
     register_verifiers,
 )
+from tether.errors import InfraError, InfraReason
 
 RIGHT = "<think>\nsimple\n</think>\n<answer>\n5\n</answer>"
 
@@ -170,8 +171,9 @@ async def test_a_reward_outside_its_range_is_rejected_not_clipped(value: float) 
         return value
 
     env = from_verifiers(one_reward_env(out_of_range), "vf/bad")
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(InfraError, match="outside") as raised:
         await env.score(env.task(0), "5")
+    assert raised.value.reason is InfraReason.INVALID_REWARD  # RL leaves the sample out, never scores it 0
 
 
 async def test_a_declared_reward_range_is_mapped_to_unit() -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from tether.errors import InfraError, InfraReason, TetherError
 from tether.sandbox.interface import SessionLost
 from tether.sandbox.result import QcStatus, RunResult, RunStatus
+from tether.sandbox.session import SessionClosed
 
 if TYPE_CHECKING:
     from tether.sandbox.interface import Session
@@ -84,7 +85,7 @@ class SandboxWorkspace:
             return await self._timed(self.session.run(code, language=language, **kwargs))
         try:
             return sound(await self._timed(self.session.run(code, language=language, **kwargs)))
-        except SessionLost as lost:
+        except (SessionLost, SessionClosed) as lost:  # closed by the sandbox after an unhealthy run
             raise InfraError(InfraReason.SANDBOX_ERROR, str(lost)) from lost
 
     async def write_file(self, path: str, content: str) -> None:
