@@ -20,10 +20,11 @@ from tether.models import load
 from tether.models.dense import DenseBatch
 from tether.models.dense import token_logprobs as dense_logprobs
 from tether.models.memory_plan import Strategy
+from tether.rl.cluster_sections import LearnerSection
 from tether.rl.config import parse_config
 from tether.rl.context_parallel import TILE_TOKENS, ContextLayout, RingGroup, ring_attention, token_logprobs
 from tether.rl.parity import compare_with_single
-from tether.rl.sections import LearnerSection, OptimSection
+from tether.rl.sections import OptimSection
 from tether.web import free_port
 
 from .test_fsdp import _run

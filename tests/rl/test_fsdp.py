@@ -14,13 +14,14 @@ from tether.models import load
 from tether.models.memory_plan import Strategy
 from tether.rl.builders import build_trainer, learner_options
 from tether.rl.checkpoint import latest_checkpoint, saved_model
+from tether.rl.cluster_sections import LearnerSection
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.losses import Correction
 from tether.rl.parity import compare_with_single
 from tether.rl.ranks import follower_rendezvous
 from tether.rl.samples import Sample
-from tether.rl.sections import LearnerSection, OptimSection
+from tether.rl.sections import OptimSection
 from tether.rl.sharded import ShardedLearner, split_groups
 from tether.rl.trainer import Trainer
 

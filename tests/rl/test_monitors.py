@@ -36,8 +36,8 @@ from tether.rl.monitors import (
     pearson,
 )
 from tether.rl.report import read_jsonl
+from tether.rl.report_sections import Monitor, MonitorsSection
 from tether.rl.rollout import PromptPlan, Rollout, score_groups
-from tether.rl.sections import Monitor, MonitorsSection
 from tether.rl.sources import Generated
 from tether.rl.trainer import Trainer
 from tether.sandbox.pool import PoolConfig

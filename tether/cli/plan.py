@@ -42,7 +42,8 @@ def build_plan(config: TrainConfig | None, options: PlanOptions) -> MemoryPlan:
     from tether.models.memory_plan import MicroBatch, PlanSettings, Strategy, plan_memory
     from tether.models.precision import DType
     from tether.models.presets import architecture
-    from tether.rl.sections import LearnerSection, ModelSection, OptimSection, RolloutSection
+    from tether.rl.cluster_sections import LearnerSection
+    from tether.rl.sections import ModelSection, OptimSection, RolloutSection
 
     model = config.model if config is not None else ModelSection()
     optim = config.optim if config is not None else OptimSection()

@@ -19,6 +19,8 @@ from tether.errors import ConfigError
 from tether.models.memory_plan import Strategy
 from tether.models.precision import DType
 from tether.rl.advantages import AdvantageKind
+from tether.rl.cluster_sections import LearnerSection, RaySection
+from tether.rl.report_sections import CostSection, MonitorsSection
 from tether.rl.reward_sections import RewardSection
 from tether.rl.sections import (
     AUTO_SYNC,
@@ -26,13 +28,9 @@ from tether.rl.sections import (
     AgentsSection,
     AlgorithmSection,
     Backend,
-    CostSection,
     EnvsSection,
-    LearnerSection,
     ModelSection,
-    MonitorsSection,
     OptimSection,
-    RaySection,
     RolloutBackend,
     RolloutSection,
     RunSection,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tether.rl.report_sections import Monitor, MonitorsSection
 from tether.rl.rollout import Rollout
-from tether.rl.sections import Monitor, MonitorsSection
 
 PREFIX = "monitor/"
 WARNINGS = "monitor/warnings"  # the step's count of monitors over their threshold

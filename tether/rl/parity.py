@@ -22,11 +22,12 @@ from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
+from tether.rl.cluster_sections import LearnerSection
 from tether.rl.distributed import LearnerGroup, Rendezvous, local_init_method
 from tether.rl.learner import Learner
 from tether.rl.losses import LossConfig
 from tether.rl.samples import Sample
-from tether.rl.sections import LearnerSection, OptimSection
+from tether.rl.sections import OptimSection
 from tether.rl.sharded import ShardedLearner, local_state_bytes
 
 _TIMEOUT_S = 600.0

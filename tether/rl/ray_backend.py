@@ -38,6 +38,7 @@ from tether.models.memory_plan import Strategy
 from tether.models.transformer import CausalLM
 from tether.rl.builders import learner_options, open_learner, open_run
 from tether.rl.checkpoint import has_checkpoint, latest_checkpoint, load_checkpoint
+from tether.rl.cluster_sections import RaySection
 from tether.rl.config import TrainConfig
 from tether.rl.learner import Learner, LearnStats
 from tether.rl.pipeline import WeightStore
@@ -48,7 +49,7 @@ from tether.rl.ray_rollouts import RayRollouts, RemoteWeights, WorkerSlot
 from tether.rl.ray_sync import CollectiveSync
 from tether.rl.remote_rollouts import server_rollouts
 from tether.rl.samples import Sample
-from tether.rl.sections import Backend, RaySection, RolloutBackend, WeightSync
+from tether.rl.sections import Backend, RolloutBackend, WeightSync
 from tether.rl.sources import RolloutSource
 from tether.rl.trainer import Metrics, Produced, Trainer, sampling_params
 

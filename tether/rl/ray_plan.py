@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from tether.rl.cluster_sections import RaySection
 from tether.rl.rollout import PromptPlan
-from tether.rl.sections import RaySection
 from tether.rl.sources import Generated
 from tether.scheduler.ray_backend import PlacementGroupPlan
 

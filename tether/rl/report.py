@@ -27,7 +27,7 @@ from tether.chat.pricing import DEFAULT_PRICES, Tier
 from tether.rl.cost import COST_FILE, OUTPUT, PROMPT_CACHED, PROMPT_UNCACHED, cost_key, summarize
 from tether.rl.monitors import PREFIX as MONITOR
 from tether.rl.monitors import WARNINGS_FILE
-from tether.rl.sections import Monitor
+from tether.rl.report_sections import Monitor
 
 Row = dict[str, float]
 Curves = dict[str, tuple[list[float], list[float]]]  # label -> (steps, values)

@@ -1,7 +1,8 @@
 """The sections of a train config (`[model]`, `[envs]`, `[rollout]`, `[algorithm]`, `[optim]`, `[run]`,
-`[ray]`, `[learner]`, `[agents]`, `[cost]`, `[monitors]`; the `[[rewards]]` tables in `reward_sections.py`)
-and the kinds their fields take; `config.py` composes them into `TrainConfig`. Each section validates its own
-fields; checks across sections live in `TrainConfig`."""
+`[agents]`; `[ray]` and `[learner]` in `cluster_sections.py`, the `[[rewards]]` tables in
+`reward_sections.py`, `[cost]` and `[monitors]` in `report_sections.py`) and the kinds their fields take;
+`config.py` composes them into `TrainConfig`. Each section validates its own fields; checks across
+sections live in `TrainConfig`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tether.chat.pricing import DEFAULT_PRICES, Price, Tier
 from tether.models.config import RopeScaling, UnsupportedModelError
-from tether.models.memory_plan import Strategy
 from tether.models.precision import DEVICE_PATTERN, DType
 from tether.rl.advantages import AdvantageKind
 from tether.rl.losses import Aggregation, Correction, LossConfig
@@ -443,83 +442,6 @@ class RunSection(Section):
     transcripts_per_step: int = Field(2, ge=0, description="Sampled transcripts written per step.")
 
 
-class RaySection(Section):
-    """Ray backend only: the actors of a run and the resources each asks for (one placement group)."""
-
-    address: str | None = Field(
-        None, description="Ray cluster to join ('auto', 'ray://host:port'); unset: start one in process."
-    )
-    rollout_workers: int = Field(1, ge=1, description="Rollout workers, each with its own engine.")
-    learner_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each learner actor (one per rank).")
-    rollout_cpus: float = Field(1.0, gt=0, description="CPUs reserved for each rollout worker.")
-    learner_gpus: float = Field(0.0, ge=0, description="GPUs reserved for each learner actor (> 0 on cuda).")
-    rollout_gpus: float = Field(0.0, ge=0, description="GPUs reserved per rollout worker (> 0 on cuda).")
-    object_store_mib: int = Field(
-        512, ge=64, description="Object store of a cluster started in process (weights travel there), MiB."
-    )
-    placement_timeout_s: float = Field(
-        60.0, gt=0, description="How long to wait for the cluster to fit the actors before failing, s."
-    )
-    call_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="Longest wait for any call to an actor (a worker's generate, a learner step, a weight "
-        "load), s: an actor that has not answered by then is killed as lost (a worker is replaced, a "
-        "learner resumed from the last checkpoint) and named in the error.",
-    )
-    max_worker_restarts: int = Field(
-        3,
-        ge=0,
-        description="Rollout workers replaced after dying or hanging (their prompts are issued again "
-        "with the same seeds), per run and again after a learner resumption; one more loss stops the "
-        "run naming the worker.",
-    )
-    max_learner_restarts: int = Field(
-        2,
-        ge=0,
-        description="Times a run whose learner actor died or hung resumes from its last checkpoint on new "
-        "actors (run/resumptions counts them); one more loss stops the run.",
-    )
-
-
-class LearnerSection(Section):
-    """`[learner]`: how the learner is laid out over processes (`sharded.py`, `distributed.py`)."""
-
-    strategy: Strategy = Field(
-        Strategy.SINGLE, description="single (one process) or fsdp (FSDP2 over world_size ranks)."
-    )
-    world_size: int = Field(
-        1,
-        ge=1,
-        description="Learner ranks; > 1 needs fsdp. Under torchrun it must equal WORLD_SIZE; "
-        "with run.backend = 'ray', one learner actor each.",
-    )
-    activation_checkpointing: bool = Field(
-        False, description="fsdp: recompute each layer's MLP activations in backward instead of keeping them."
-    )
-    reshard_after_forward: bool = Field(
-        True, description="fsdp: free gathered layer weights after forward (gather again in backward)."
-    )
-    prefetch: int = Field(
-        1, ge=0, le=4, description="fsdp: layers whose all-gathers are issued ahead of compute (0: none)."
-    )
-    context_parallel: int = Field(
-        1,
-        ge=1,
-        description="fsdp: ranks that split each micro-batch's token row between them, attention by ring "
-        "exchange of K/V blocks (`context_parallel.py`); groups of consecutive ranks, world_size / "
-        "context_parallel of them training on different prompt groups. 1: off.",
-    )
-    async_checkpoint: bool = Field(
-        False, description="Write checkpoints in the background (torch.distributed.checkpoint.async_save)."
-    )
-    timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="fsdp: a collective waiting longer than this fails the run instead of hanging.",
-    )
-
-
 class AgentJournal(StrEnum):
     MEMORY = "memory"
     RUN = "run"
@@ -537,59 +459,3 @@ class AgentsSection(Section):
         "<run dir>/agent_journal, kept, so a rollout killed mid-batch resumes with --resume and no "
         "step is applied twice.",
     )
-
-
-class CostSection(Section):
-    """`[cost]`: the price table a run's rollouts are costed at; a tier left unset keeps the gateway's
-    default (`tether.chat.pricing.DEFAULT_PRICES`)."""
-
-    standard: Price | None = Field(
-        None,
-        description="USD per million tokens of the standard tier: input_cache_hit_per_mtok, "
-        "input_cache_miss_per_mtok, output_per_mtok (unset: the gateway's default).",
-    )
-    fast: Price | None = Field(
-        None, description="USD per million tokens of the fast tier (unset: the gateway's default)."
-    )
-
-    @property
-    def prices(self) -> dict[Tier, Price]:
-        chosen = {Tier.STANDARD: self.standard, Tier.FAST: self.fast}
-        return {tier: price or DEFAULT_PRICES[tier] for tier, price in chosen.items()}
-
-
-class Monitor(StrEnum):
-    QC_VIOLATION_RATE = "qc_violation_rate"
-    EXPLOIT_REWARD_SHARE = "exploit_reward_share"
-    REWARD_LENGTH_CORRELATION = "reward_length_correlation"
-    JUDGE_DISAGREEMENT = "judge_disagreement"
-
-
-class MonitorsSection(Section):
-    """`[monitors]`: the threshold above which each reward-hacking monitor warns."""
-
-    qc_violation_rate: float = Field(
-        0.05, ge=0, le=1, description="Warn above this share of a domain's rollouts breaking its rules."
-    )
-    exploit_reward_share: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="Warn above this share of a domain's reward earned by answers matching a known exploit.",
-    )
-    reward_length_correlation: float = Field(
-        0.7, ge=-1, le=1, description="Warn above this Pearson correlation of reward and response length."
-    )
-    correlation_min_rollouts: int = Field(
-        8, ge=3, description="Scored rollouts a domain needs in a step before its correlation is computed."
-    )
-    judge_disagreement: float = Field(
-        0.3,
-        ge=0,
-        le=1,
-        description="Warn above this share of rollouts where the judge and the other components disagree.",
-    )
-
-    def threshold(self, monitor: Monitor) -> float:
-        value: float = getattr(self, monitor.value)
-        return value

@@ -36,12 +36,12 @@ from torch.utils.checkpoint import checkpoint
 from tether.errors import ConfigError
 from tether.models.dense import DenseBatch
 from tether.models.transformer import CausalLM, DecoderLayer
+from tether.rl.cluster_sections import LearnerSection
 from tether.rl.context_parallel import RingGroup, token_logprobs
 from tether.rl.distributed import LearnerGroup
 from tether.rl.learner import Learner, LearnStats, Ratios, check_compute_dtype
 from tether.rl.losses import Normaliser
 from tether.rl.samples import Row, Sample, prompt_groups, row_tokens
-from tether.rl.sections import LearnerSection
 
 
 class Command(StrEnum):
