@@ -44,6 +44,8 @@ from tether.rl.rollout import PromptPlan, Rollout
 from tether.rl.sections import AlgorithmSection
 from tether.rl.trainer import to_samples
 from tether.sandbox import SandboxSpec
+from tether.sandbox.result import RunResult, RunStatus
+from tether.sandbox.session import SandboxSession
 from tether.store.journal import Journal
 from tether.tools import BUILTIN_TOOLS
 
@@ -234,6 +236,40 @@ def test_tool_calls_run_in_the_sandbox_and_the_check_is_the_reward(tiny_model: C
     first = rollout.turns[0]
     suffix = str(tokenizer.decode(second[len(first.prompt_ids) + len(first.completion_ids) :]))
     assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("failing_runs", [1, 99])
+def test_a_sandbox_error_in_an_agent_tasks_tool_call_is_retried_never_scored(
+    tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, failing_runs: int
+) -> None:
+    _, tokenizer = LLMEngine.from_pretrained(tiny_model("llama"), kv_cache_mib=8)
+    original = SandboxSession.run
+    left = [failing_runs]
+
+    async def flaky(self: SandboxSession, code: str | bytes, *args: Any, **kwargs: Any) -> RunResult:
+        if left[0] > 0:  # the worker died under the model's tool call
+            left[0] -= 1
+            return RunResult(status=RunStatus.SANDBOX_ERROR, error="worker w1 failed: EOF")
+        return await original(self, code, *args, **kwargs)
+
+    monkeypatch.setattr(SandboxSession, "run", flaky)
+
+    async def roll() -> Rollout:
+        async with sandbox() as provider:
+            engine = ScriptedEngine(tokenizer, APPEND)
+            agents = AgentRollouts(engine, tokenizer, SamplingParams(max_tokens=64, n=1))  # type: ignore[arg-type]
+            _, (rollout,) = await agents.run(
+                [PromptPlan("agent/log", 0, 0, 7)], log_registry(), ScoringContext(provider)
+            )
+            return rollout
+
+    rollout = asyncio.run(roll())
+    if failing_runs == 1:  # run again from its journal: the task succeeds as if nothing had happened
+        assert rollout.passed and rollout.reward == 1.0 and rollout.infra_failure is None
+        assert rollout.retry_reasons == ["sandbox_error"]
+    else:  # the sandbox never recovers: left out, never a reward of 0 learned from
+        assert rollout.infra_failure == "sandbox_error" and rollout.retries == 2
+        assert to_samples([rollout], AlgorithmSection(), 1, 8).samples == []
 
 
 def test_an_agent_episode_whose_runner_fails_resumes_from_its_journal_then_is_marked_failed(

@@ -89,15 +89,15 @@ class _Part:
     output: str
 
 
-async def _run_command(session: Session, limits: SandboxSpec, command: str) -> _Part:
-    result = await session.run(command, "bash", spec=limits)
+async def _run_command(workspace: SandboxWorkspace, limits: SandboxSpec, command: str) -> _Part:
+    result = await workspace.run(command, "bash", spec=limits)
     passed = result.status is RunStatus.OK and result.exit_code == 0
     counts = _counts(result.stdout) or (int(passed), 1)
     return _Part(passed, result.exit_code, counts, result.stdout + result.stderr)
 
 
-async def _run_suite(session: Session, limits: SandboxSpec, suite: SuiteCheck) -> _Part:
-    results = await run_suite(SandboxWorkspace(session), suite.imports, suite.tests, spec=limits)
+async def _run_suite(workspace: SandboxWorkspace, limits: SandboxSpec, suite: SuiteCheck) -> _Part:
+    results = await run_suite(workspace, suite.imports, suite.tests, spec=limits)
     failed = sorted(name for name, ok in results.items() if not ok)
     lines = [f"failed: {name}" for name in failed[:10]] or (
         [] if results else ["the hidden test suite did not run"]
@@ -107,14 +107,18 @@ async def _run_suite(session: Session, limits: SandboxSpec, suite: SuiteCheck) -
     return _Part(passed, 0 if passed else 1, counts, "".join(line + "\n" for line in lines))
 
 
-async def run_check(session: Session, spec: TaskSpec, check: CheckSpec) -> CheckOutcome:
-    """The command's outcome and the suite's, combined: it passes if both do; each check counts once."""
+async def run_check(
+    session: Session, spec: TaskSpec, check: CheckSpec, infra_errors: bool = False
+) -> CheckOutcome:
+    """The command's outcome and the suite's, combined: it passes if both do; each check counts once.
+    `infra_errors`: a run the sandbox failed raises `InfraError` instead of failing the check (training)."""
     limits = spec.sandbox.model_copy(update={"timeout_s": check.timeout_s})
+    workspace = SandboxWorkspace(session, infra_errors=infra_errors)
     parts = []
     if check.command is not None:
-        parts.append(await _run_command(session, limits, check.command))
+        parts.append(await _run_command(workspace, limits, check.command))
     if check.suite is not None:
-        parts.append(await _run_suite(session, limits, check.suite))
+        parts.append(await _run_suite(workspace, limits, check.suite))
     passed_checks = sum(part.counts[0] for part in parts)
     checks = sum(part.counts[1] for part in parts)
     return CheckOutcome(

@@ -62,6 +62,10 @@ class RunnerConfig:
     lease_s: float = 30.0  # another worker may take the task over this long after the last renewal
     max_session_losses: int = 5  # sessions lost in one run of a task before the loss is raised
     context_budget_tokens: int | None = None  # caps every task's context.budget_tokens (None: no cap)
+    # Training (`rl/agent_rollouts.py`): a run the sandbox failed (sandbox error, failed worker QC) in a
+    # tool call or the check raises `InfraError`, so the episode is run again from its journal and never
+    # scored on it; hosted agents keep showing the status to their model.
+    infra_errors: bool = False
 
     def __post_init__(self) -> None:
         assert self.lease_s > 0
@@ -191,7 +195,7 @@ class TaskRunner:
         if plan.ended is not None and spec.check is None:
             return self._finish(task_id, epoch, TaskStatus.SUCCEEDED, result=plan.ended.summary)
         async with await self.pool.open_session(spec.sandbox) as session:
-            workspace = SandboxWorkspace(session)
+            workspace = SandboxWorkspace(session, infra_errors=self.config.infra_errors)
             await self._restore(workspace, spec, plan.snapshot_key, plan.reapply)
 
             async def end(
@@ -259,7 +263,7 @@ class TaskRunner:
         if spec.check is None or status is TaskStatus.CANCELLED:
             return self._finish(task_id, epoch, status, result=result, error=error)
         with self.telemetry.span("agent.check", task_id=task_id):
-            outcome = await run_check(workspace.session, spec, spec.check)
+            outcome = await run_check(workspace.session, spec, spec.check, self.config.infra_errors)
         self.telemetry.event("check", task_id=task_id, passed=outcome.passed, fraction=outcome.fraction)
         if status is TaskStatus.SUCCEEDED and not outcome.passed:
             status, error = TaskStatus.FAILED, f"the success check failed (exit status {outcome.exit_code})"

@@ -389,7 +389,9 @@ class AgentRollouts:
         log = TurnLog(root / "turns" / f"{task_id}.jsonl")
         seed = plan.sample_seed + sample
         client = TokenClient(engine_turns, self.template, self.encoder, self.params, log, task_id, seed)
-        runner = TaskRunner(journal, artifacts, pool, client, OWNER, RunnerConfig(lease_s=self.lease_s))
+        runner = TaskRunner(
+            journal, artifacts, pool, client, OWNER, RunnerConfig(lease_s=self.lease_s, infra_errors=True)
+        )
         journal.create_task(task_id, spec.model_dump(mode="json"))  # already there when resumed: kept
         error = None
         failure: BaseException | None = None
