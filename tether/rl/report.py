@@ -192,41 +192,45 @@ def _neutral(labels: Mapping[str, object]) -> dict[str, Style]:
 
 
 def _png(chart: Chart, small: bool) -> str:
-    """One line chart as a base64 PNG."""
-    import matplotlib
+    """One line chart as a base64 PNG.
 
-    matplotlib.use("Agg")  # no display: render to memory
-    from matplotlib import pyplot as plt
+    Drawn on a bare Agg figure with fixed margins: `tight_layout` would draw every chart twice to measure
+    it, and a report is redrawn at every checkpoint."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(figsize=(4.6, 2.6) if small else (7, 3.2), dpi=100)
-    try:
-        for line in chart.lines:
-            style = line.style
-            axes.plot(
-                line.steps,
-                line.values,
-                color=style.color,
-                linestyle=style.linestyle,
-                linewidth=style.linewidth,
-                marker=(style.marker or None) if len(line.steps) < 30 else None,
-                markersize=4,
-                markerfacecolor="none",
-                alpha=0.9,
-                label=line.label,
-            )
-        axes.set_title(chart.title)
-        axes.set_xlabel("step")
-        axes.set_ylabel(chart.ylabel)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-        axes.grid(alpha=0.3)
-        if len(chart.lines) > 1 or chart.lines[0].label != chart.title:  # a lone component is named too
-            axes.legend(fontsize=8)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-    finally:
-        plt.close(figure)
+    width, height = (4.6, 2.6) if small else (7, 3.2)
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    # Margins in inches (room for the title, tick labels and axis labels), as fractions of the figure.
+    figure.subplots_adjust(
+        left=0.8 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.35 / height
+    )
+    axes = figure.add_subplot()
+    for line in chart.lines:
+        style = line.style
+        axes.plot(
+            line.steps,
+            line.values,
+            color=style.color,
+            linestyle=style.linestyle,
+            linewidth=style.linewidth,
+            marker=(style.marker or None) if len(line.steps) < 30 else None,
+            markersize=4,
+            markerfacecolor="none",
+            alpha=0.9,
+            label=line.label,
+        )
+    axes.set_title(chart.title)
+    axes.set_xlabel("step")
+    axes.set_ylabel(chart.ylabel)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    axes.grid(alpha=0.3)
+    if len(chart.lines) > 1 or chart.lines[0].label != chart.title:  # a lone component is named too
+        axes.legend(fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
     return base64.b64encode(buffer.getvalue()).decode()
 
 
