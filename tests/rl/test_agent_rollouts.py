@@ -238,6 +238,17 @@ def test_tool_calls_run_in_the_sandbox_and_the_check_is_the_reward(tiny_model: C
     assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
 
 
+async def _roll_log_task(tokenizer: Any) -> Rollout:
+    """One scripted `agent/log` episode (it appends to the log, then finishes), in a real sandbox."""
+    async with sandbox() as provider:
+        engine = ScriptedEngine(tokenizer, APPEND)
+        agents = AgentRollouts(engine, tokenizer, SamplingParams(max_tokens=64, n=1))  # type: ignore[arg-type]
+        _, (rollout,) = await agents.run(
+            [PromptPlan("agent/log", 0, 0, 7)], log_registry(), ScoringContext(provider)
+        )
+        return rollout
+
+
 @pytest.mark.parametrize("failing_runs", [1, 99])
 def test_a_sandbox_error_in_an_agent_tasks_tool_call_is_retried_never_scored(
     tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, failing_runs: int
@@ -254,16 +265,7 @@ def test_a_sandbox_error_in_an_agent_tasks_tool_call_is_retried_never_scored(
 
     monkeypatch.setattr(SandboxSession, "run", flaky)
 
-    async def roll() -> Rollout:
-        async with sandbox() as provider:
-            engine = ScriptedEngine(tokenizer, APPEND)
-            agents = AgentRollouts(engine, tokenizer, SamplingParams(max_tokens=64, n=1))  # type: ignore[arg-type]
-            _, (rollout,) = await agents.run(
-                [PromptPlan("agent/log", 0, 0, 7)], log_registry(), ScoringContext(provider)
-            )
-            return rollout
-
-    rollout = asyncio.run(roll())
+    rollout = asyncio.run(_roll_log_task(tokenizer))
     if failing_runs == 1:  # run again from its journal: the task succeeds as if nothing had happened
         assert rollout.passed and rollout.reward == 1.0 and rollout.infra_failure is None
         assert rollout.retry_reasons == ["sandbox_error"]
@@ -286,21 +288,12 @@ def test_an_agent_episode_whose_runner_fails_resumes_from_its_journal_then_is_ma
 
     monkeypatch.setattr(TaskRunner, "run", failing)
 
-    async def roll() -> Rollout:
-        async with sandbox() as provider:
-            engine = ScriptedEngine(tokenizer, APPEND)
-            agents = AgentRollouts(engine, tokenizer, SamplingParams(max_tokens=64, n=1))  # type: ignore[arg-type]
-            _, (rollout,) = await agents.run(
-                [PromptPlan("agent/log", 0, 0, 7)], log_registry(), ScoringContext(provider)
-            )
-            return rollout
-
     failures.append(InfraError(InfraReason.SANDBOX_ERROR, "the sandbox lost the session"))
-    resumed = asyncio.run(roll())
+    resumed = asyncio.run(_roll_log_task(tokenizer))
     assert resumed.passed and resumed.reward == 1.0 and resumed.infra_failure is None
     assert resumed.retry_reasons == ["sandbox_error"] and resumed.error is None
     failures.extend(RuntimeError("the runner broke") for _ in range(3))  # the try and both retries
-    failed = asyncio.run(roll())
+    failed = asyncio.run(_roll_log_task(tokenizer))
     assert failed.infra_failure == "scorer_error" and failed.retries == 2
     assert failed.error == "RuntimeError: the runner broke" and failed.completion_ids == []
     assert to_samples([failed], AlgorithmSection(), 1, 8).samples == []  # never a sample
