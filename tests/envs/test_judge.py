@@ -36,6 +36,7 @@ class VerdictClient:
         self.content, self.finish, self.error = content, finish, error
         self.requests: list[ChatRequest] = []
         self.in_flight = self.most_in_flight = 0
+        self.closed = 0
 
     async def complete(self, request: ChatRequest) -> Completion:
         self.requests.append(request)
@@ -48,7 +49,7 @@ class VerdictClient:
         return Completion(assistant_message(self.content), USAGE, self.finish)
 
     async def close(self) -> None:
-        return None
+        self.closed += 1
 
 
 class _Source:
@@ -209,3 +210,15 @@ def test_a_custom_rubric_fills_in_its_fields_and_literal_braces() -> None:
 def test_bad_judge_settings_are_refused(settings: dict[str, object], why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         JudgeConfig(model="m", **settings)  # type: ignore[arg-type]
+
+
+async def test_the_judges_client_is_closed_with_the_scoring_context_it_was_opened_in() -> None:
+    client = VerdictClient()
+    env, ctx = judged_env(judge_of(client)), ScoringContext()
+    task = env.task(1)
+    await score(env, task, "<answer>2</answer>", ctx)
+    await score(env, task, "<answer>3</answer>", ctx)  # the same client: registered once
+    await ctx.aclose()
+    assert client.closed == 1
+    await ctx.aclose()  # nothing left to close
+    assert client.closed == 1

@@ -76,23 +76,41 @@ class ScoringContext:
     """Per-episode access to the sandbox, with the time spent in it accumulated for reporting (wall time
     waited, `sandbox_time_s`, and the CPU time its runs used, `sandbox_cpu_s` from `RunResult.cpu_ms`), and
     the counters reward components keep of what scoring spent (judge requests, tokens, dollars), which a
-    context shares with its children so that a rollout source reads one total per step."""
+    context shares with its children so that a rollout source reads one total per step; what scoring
+    opened on its way (a judge's client) is closed with the context (`on_close`, `aclose`)."""
 
     def __init__(
         self,
         sandbox: SandboxProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
         counters: dict[str, float] | None = None,
+        closers: list[Callable[[], Awaitable[None]]] | None = None,
     ):
         self.sandbox = sandbox
         self.sandbox_time_s = 0.0
         self.sandbox_cpu_s = 0.0
         self._clock = clock
         self._counters: dict[str, float] = {} if counters is None else counters
+        self._closers: list[Callable[[], Awaitable[None]]] = [] if closers is None else closers
 
     def child(self) -> ScoringContext:
-        """Same sandbox and counters, own timer: one per episode when episodes run concurrently."""
-        return ScoringContext(self.sandbox, self._clock, self._counters)
+        """Same sandbox, counters and closers, own timer: one per episode when episodes run concurrently."""
+        return ScoringContext(self.sandbox, self._clock, self._counters, self._closers)
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Have `aclose` await `closer` (once, however often it is registered)."""
+        if closer not in self._closers:
+            self._closers.append(closer)
+
+    async def aclose(self) -> None:
+        """Close what scoring opened (`on_close`), then the sandbox."""
+        closers, self._closers[:] = list(self._closers), []
+        try:
+            for closer in closers:
+                await closer()
+        finally:
+            if self.sandbox is not None:
+                await self.sandbox.aclose()
 
     def count(self, name: str, amount: float = 1.0) -> None:
         """Add `amount` to the counter `name` (a metric key such as `judge/requests`)."""

@@ -210,6 +210,7 @@ class JudgeReward:
     async def _ask(self, request: ChatRequest, limit: asyncio.Semaphore, ctx: ScoringContext) -> Verdict:
         if self._client is None:
             self._client = self._connect()
+            ctx.on_close(self.aclose)  # closed with the scoring context, on the loop it was opened on
         async with limit:
             try:
                 completion = await self._client.complete(request)

@@ -214,11 +214,11 @@ class RemoteRollouts:
         self.transport.keep_only(version)
 
     def close(self) -> None:
-        """Close the servers' clients and stop the sandbox pool (if scoring started one) and the loop."""
+        """Close the servers' clients, what scoring opened (a judge's client), the sandbox pool (if scoring
+        started one) and the loop."""
         for server in self.servers:
             self._loop.run_until_complete(server.aclose())
-        if self.ctx.sandbox is not None:
-            self._loop.run_until_complete(self.ctx.sandbox.aclose())
+        self._loop.run_until_complete(self.ctx.aclose())
         self._loop.close()
 
 

@@ -122,7 +122,7 @@ class EngineRollouts:
         self.engine.update_weights(weights, version=version)
 
     def close(self) -> None:
-        """Stop the sandbox pool (if scoring started one) and the event loop."""
-        if self.ctx.sandbox is not None:
-            self._loop.run_until_complete(self.ctx.sandbox.aclose())
+        """Close what scoring opened (a judge's client), the sandbox pool (if scoring started one) and the
+        event loop."""
+        self._loop.run_until_complete(self.ctx.aclose())
         self._loop.close()
