@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # Pinned and installed first so that pyproject's `torch>=2.6` is already met and pip never pulls a CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean browser
 
 $(STAMP): pyproject.toml tether/sandbox/_enter.c tether/kernels/_paged.c
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11+, found " + sys.version.split()[0]'
@@ -27,7 +27,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+# The console's browser tests drive Debian's chromium headless (never a browser download).
+browser:
+	@command -v chromium >/dev/null || { test "$$(id -u)" = 0 || { echo "chromium is missing: apt-get install chromium (as root)"; exit 1; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; }
+
+unit: $(STAMP) browser
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

@@ -54,6 +54,10 @@ COMMANDS = {
     ),
     "agent": LazyCommand("tether.cli.agent:app", "Durable long-horizon agents: tasks, steps, resume."),
     "gateway": LazyCommand("tether.cli.gateway:app", "The API gateway: keys, usage, serving and benchmarks."),
+    "console": LazyCommand(
+        "tether.cli.console:console_command",
+        "The web console: runs, agents, sandboxes, usage and keys, jobs, and a chat playground.",
+    ),
     "up": LazyCommand(
         "tether.cli.up:app",
         "Start a local cluster from a cluster.toml (sandbox servers, engines, gateway, agent workers).",

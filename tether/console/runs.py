@@ -1,0 +1,19 @@
+"""The runs pages of the console."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from tether.console.pages import render
+from tether.console.state import Console
+
+
+def router(console: Console) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get("/runs", response_class=HTMLResponse)
+    async def runs_page(request: Request) -> HTMLResponse:
+        return render(console.jinja, request, "runs.html", active="runs")
+
+    return routes
