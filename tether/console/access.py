@@ -17,7 +17,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from tether.console.errors import ConsoleError
-from tether.console.pages import error_response
+from tether.console.pages import error_response, local_path
 
 AdminCheck = Callable[[str], bool]
 COOKIE = "tether_console_token"
@@ -38,7 +38,7 @@ class Access:
 
     def refusal(self, request: Request) -> ConsoleError | None:
         """Why this request may not go on, or None if it may."""
-        if self.require_admin and not request.url.path.startswith(OPEN_PATHS):
+        if self.require_admin and not local_path(request).startswith(OPEN_PATHS):
             token = self.token(request)
             if token is None:
                 return ConsoleError(

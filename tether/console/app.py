@@ -22,7 +22,7 @@ from tether.console import agents, jobs, login, playground, runs, sandboxes, usa
 from tether.console.access import Access, AdminCheck
 from tether.console.config import ConsoleConfig
 from tether.console.errors import ConsoleError, bad_input
-from tether.console.pages import STATIC, error_response, templates
+from tether.console.pages import STATIC, error_response, local_path, root_of, templates
 from tether.console.state import Console
 from tether.errors import ConfigError, TetherError
 
@@ -76,7 +76,7 @@ def create_app(config: ConsoleConfig, admin_check: AdminCheck | None = None) -> 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
         if error.status_code == 404:
-            path = request.url.path
+            path = local_path(request)
             return error_response(request, ConsoleError(404, f"{path}: no such page", "unknown_page"))
         return error_response(request, ConsoleError(error.status_code, str(error.detail), "http_error"))
 
@@ -94,8 +94,8 @@ def create_app(config: ConsoleConfig, admin_check: AdminCheck | None = None) -> 
         )
 
     @app.get("/", include_in_schema=False)
-    async def home() -> RedirectResponse:
-        return RedirectResponse("/runs", status_code=303)
+    async def home(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{root_of(request)}/runs", status_code=303)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

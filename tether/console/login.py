@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from tether.console.access import COOKIE
 from tether.console.errors import ConsoleError
-from tether.console.pages import render
+from tether.console.pages import render, root_of
 from tether.console.state import Console
 
 
@@ -25,15 +25,15 @@ def router(console: Console) -> APIRouter:
         check = request.app.state.admin_check
         if check is None or not check(token):
             raise ConsoleError(403, "this token is not a gateway admin key (or is revoked)", "forbidden")
-        response = Response(status_code=204, headers={"HX-Redirect": "/runs"})
+        response = Response(status_code=204, headers={"HX-Redirect": f"{root_of(request)}/runs"})
         response.set_cookie(
             COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https"
         )
         return response
 
     @routes.post("/logout")
-    async def logout() -> Response:
-        response = Response(status_code=204, headers={"HX-Redirect": "/login"})
+    async def logout(request: Request) -> Response:
+        response = Response(status_code=204, headers={"HX-Redirect": f"{root_of(request)}/login"})
         response.delete_cookie(COOKIE)
         return response
 

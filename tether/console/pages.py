@@ -54,14 +54,28 @@ def templates() -> Jinja2Templates:
     return found
 
 
+def root_of(request: Request) -> str:
+    """Where the console is mounted ('' at the top; '/console' inside the gateway): every link a page
+    writes starts with it (`{{ root }}/runs`)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def local_path(request: Request) -> str:
+    """The request's path below the console's mount point."""
+    return request.url.path.removeprefix(root_of(request)) or "/"
+
+
 def render(
     jinja: Jinja2Templates, request: Request, name: str, status_code: int = 200, **context: Any
 ) -> HTMLResponse:
-    return jinja.TemplateResponse(request, name, context, status_code=status_code)
+    return jinja.TemplateResponse(
+        request, name, {"root": root_of(request), **context}, status_code=status_code
+    )
 
 
 def wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/") or request.url.path == "/api"
+    path = local_path(request)
+    return path.startswith("/api/") or path == "/api"
 
 
 def error_response(request: Request, error: ConsoleError) -> Response:
