@@ -34,7 +34,7 @@ browser:
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; }
 
 unit: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test: lint typecheck unit
 
