@@ -56,7 +56,7 @@ COMMANDS = {
     "gateway": LazyCommand("tether.cli.gateway:app", "The API gateway: keys, usage, serving and benchmarks."),
     "console": LazyCommand(
         "tether.cli.console:console_command",
-        "The web console: runs, agents, sandboxes, usage and keys, jobs, and a chat playground.",
+        "Serve the web console: runs, agents, sandboxes, usage and keys, jobs, and a chat playground.",
     ),
     "up": LazyCommand(
         "tether.cli.up:app",
