@@ -34,7 +34,7 @@ SandboxOption = Annotated[
 ]
 ModelUrlOption = Annotated[
     list[str] | None,
-    typer.Option("--model-url", help="An OpenAI-compatible server (its /v1 URL) for the chat playground; repeat."),
+    typer.Option("--model-url", help="An OpenAI-compatible /v1 URL for the chat playground; repeat."),
 ]
 
 
