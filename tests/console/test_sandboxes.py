@@ -94,7 +94,7 @@ def test_a_real_sandbox_server_shows_its_runs_latency_and_failures(page: object,
         down = f"http://127.0.0.1:{free_port()}"
         with live_server(create_app(ConsoleConfig(runs=(), sandbox_urls=(sandbox, down), poll_s=1.0))) as url:
             page.goto(f"{url}/sandboxes")
-            row = page.locator(f'tr[data-up="true"]')
+            row = page.locator('tr[data-up="true"]')
             expect(row.locator('[data-cell="runs"]')).to_have_text("3")
             assert float(row.locator('[data-cell="p50"]').inner_text()) > 0
             expect(page.locator('tr[data-up="false"]')).to_have_count(1)

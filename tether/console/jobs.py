@@ -26,6 +26,9 @@ from tether.scheduler.store import JobRecord, JobStore
 
 FINISHED_SHOWN = 50
 LOG_TAIL_BYTES = 8192
+StateFilter = Annotated[JobState | None, Query(description="Only jobs in this state.")]
+# SQLite's integers end at 2**63 - 1: a larger id is refused as input, not failed on
+JobId = Annotated[int, PathParam(ge=1, le=2**63 - 1, description="A job id from `tether jobs list`.")]
 RUNNING = (JobState.RUNNING, JobState.PREEMPTING)
 FINISHED = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
 
@@ -99,9 +102,6 @@ def log_tail(record: JobRecord) -> str | None:
 
 def router(console: Console) -> APIRouter:
     routes = APIRouter()
-    StateFilter = Annotated[JobState | None, Query(description="Only jobs in this state.")]
-    # SQLite's integers end at 2**63 - 1: a larger id is refused as input, not failed on
-    JobId = Annotated[int, PathParam(ge=1, le=2**63 - 1, description="A job id from `tether jobs list`.")]
 
     @contextmanager
     def opened() -> Iterator[JobStore]:

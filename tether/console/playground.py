@@ -171,7 +171,8 @@ def router(console: Console) -> APIRouter:
                     conversation.messages.pop()
                 else:  # what arrived is the reply, even if the page went away before the end
                     conversation.messages.append({"role": "assistant", "content": "".join(reply)})
-            yield {"event": "end", "data": ""}
+            # swapped in like a token (the page knows the reply is whole), then the page closes the stream
+            yield {"event": "end", "data": '<span class="chat-done"></span>'}
 
         return EventSourceResponse(events())
 
