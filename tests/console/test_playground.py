@@ -4,10 +4,13 @@ socket): models listed, replies streamed turn by turn, and a model server's refu
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from tests.live_server import free_port, live_server
@@ -23,17 +26,29 @@ HX = {"HX-Request": "true"}
 
 
 @pytest.fixture(scope="module")
-def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The tiny model served as `tether serve` serves it, behind a real uvicorn: the `/v1` base URL."""
+def served_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, FastAPI]]:
+    """The tiny model served as `tether serve` serves it, behind a real uvicorn: the `/v1` base URL, and
+    the app (whose metrics count aborted requests)."""
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen3", seed=0)
     engine, tokenizer = LLMEngine.from_pretrained(folder, kv_cache_mib=4, max_model_len=256)
     async_engine = AsyncEngine(engine)
     async_engine.start()
     try:
-        with live_server(create_serving_app(async_engine, tokenizer, MODEL)) as url:
-            yield f"{url}/v1"
+        app = create_serving_app(async_engine, tokenizer, MODEL)
+        with live_server(app) as url:
+            yield f"{url}/v1", app
     finally:
         async_engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_url(served_model: tuple[str, FastAPI]) -> str:
+    return served_model[0]
+
+
+def _aborted(app: FastAPI) -> float:
+    registry = app.state.server.metrics.registry
+    return float(registry.get_sample_value("tether_requests_total", {"status": "aborted"}) or 0)
 
 
 def _client(*urls: str) -> TestClient:
@@ -110,6 +125,23 @@ def test_a_model_servers_refusal_or_absence_shows_in_the_reply(model_url: str, m
         events = _stream(client, _turn(client, "hi", model=model))
         assert events[0][0] == "token" and 'class="chat-error"' in events[0][1] and says in events[0][1]
         assert events[-1][0] == "end"
+
+
+def test_a_reply_stops_upstream_when_the_page_goes(served_model: tuple[str, FastAPI]) -> None:
+    url, app = served_model
+    before = _aborted(app)
+    with live_server(create_app(ConsoleConfig(runs=(), model_urls=(url,)))) as console:
+        form = {"message": "go on", "model": f"0|{MODEL}", "max_tokens": "230", "temperature": "1"}
+        fragment = httpx.post(f"{console}/playground/turns", data=form, headers=HX).text
+        found = re.search(r'sse-connect="([^"]+)"', fragment)
+        assert found is not None
+        with httpx.stream("GET", f"{console}{found.group(1)}", timeout=30) as answer:
+            next(line for line in answer.iter_lines() if line.startswith("event: token"))
+        # the page went away after the first token: the console closes its stream to the model server
+        deadline = time.monotonic() + 20
+        while _aborted(app) == before:
+            assert time.monotonic() < deadline, "the model server kept generating for a page that left"
+            time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
