@@ -22,8 +22,10 @@ def chromium() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[object]:
+    # Module-scoped: Playwright's sync API holds an event loop running on the main thread while it is
+    # open, and every asyncio test after it (pytest-asyncio, asyncio.run) would fail on it.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from starlette.types import ASGIApp
 
 from tether.chat.pricing import Tier
 from tether.cli.common import CacheDirOption, cache_root, err_console, fail, print_json, user_errors
@@ -90,12 +91,54 @@ def serve_command(
     log_level: Annotated[
         LogLevel, typer.Option("--log-level", help="uvicorn's log level; debug also logs every request.")
     ] = LogLevel.INFO,
+    with_console: Annotated[
+        bool,
+        typer.Option(
+            "--console", help="Also serve the web console at /console (its playground talks to this gateway)."
+        ),
+    ] = False,
+    console_model_key: Annotated[
+        str | None,
+        typer.Option(
+            "--console-model-key",
+            envvar="TETHER_CONSOLE_MODEL_KEY",
+            help="A gateway key the console's playground sends to this gateway.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the gateway until interrupted (by default in front of `tether serve` on its default port)."""
     with user_errors():
         from tether.gateway.runtime import serve_gateway
 
-        serve_gateway(_config(config_file), host, port, log_level.value)
+        config = _config(config_file)
+        mounts = console_mounts(config, host, port, console_model_key) if with_console else {}
+        if with_console:
+            err_console.print(f"tether console: http://{host}:{port}{CONSOLE_PATH}/")
+        serve_gateway(config, host, port, log_level.value, mounts=mounts)
+
+
+CONSOLE_PATH = "/console"
+
+
+def console_mounts(
+    config: GatewayConfig, host: str, port: int, model_api_key: str | None = None
+) -> dict[str, ASGIApp]:
+    """The console over this gateway's keys and ledger, to mount at `CONSOLE_PATH` (the gateway itself
+    cannot import the console). Beyond loopback it signs in with the gateway's admin keys."""
+    from tether.console.app import create_app
+    from tether.console.config import ConsoleConfig
+    from tether.console.usage import admin_check
+    from tether.scheduler.store import default_store_path
+
+    loopback = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    console = ConsoleConfig(
+        gateway=config,
+        jobs_db=default_store_path(),
+        model_urls=(f"http://{loopback}:{port}/v1",),
+        model_api_key=model_api_key,
+        host=host,
+    )
+    return {CONSOLE_PATH: create_app(console, admin_check(config) if console.require_admin else None)}
 
 
 @keys_app.command("create")

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from tether.gateway.asgi import Receive, Scope, Send
 from tether.gateway.errors import GatewayError
@@ -39,6 +40,10 @@ class GatewayApp:
 
     fallback: FastAPI
     routes: dict[str, _Completions]
+
+    def mount(self, path: str, app: ASGIApp) -> None:
+        """Serve another app (the console) under `path`; the completion routes stay the gateway's."""
+        self.fallback.mount(path, app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

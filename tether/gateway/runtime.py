@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+from starlette.types import ASGIApp
 
 from tether.gateway.app import create_gateway_app
 from tether.gateway.config import GatewayConfig
@@ -72,13 +74,22 @@ async def running_gateway(
         await gateway.aclose()
 
 
-def serve_gateway(config: GatewayConfig, host: str, port: int, log_level: str = "info") -> None:
+def serve_gateway(
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    mounts: Mapping[str, ASGIApp] | None = None,
+) -> None:
+    """Serve until interrupted; `mounts` are other ASGI apps served under their paths (the console)."""
     import uvicorn
 
     async def main() -> None:
         async with running_gateway(config) as gateway:
             # per-request access lines would cost more than the gateway's own work; metrics count requests
             app = create_gateway_app(gateway)
+            for path, mounted in (mounts or {}).items():
+                app.mount(path, mounted)
             # the ~100k objects of the imported libraries live as long as the process: frozen, they are
             # left out of full collections, which otherwise stalled a request for 100-200 ms now and then
             gc.collect()

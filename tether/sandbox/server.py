@@ -12,6 +12,7 @@
     GET  /healthz                        one trivial run through the pool: 200 or 503, with slot usage
                                          (503 "full" at once when open sessions hold every slot)
     GET  /metrics                        Prometheus text, from a registry owned by this app
+    GET  /v1/recent-failures?limit=N     {"failures": [...]}: the last runs that were not ok, newest first
 
 A run beyond the pool's bounded queue (`max_queued`) and a session open that finds no slot are both
 answered 503 + Retry-After: full, not broken. Session ids name the instance (`NAME~s<hex>`, the
@@ -44,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from tether.errors import ConfigError, TetherError, describe_validation_error
+from tether.sandbox.failures import RecentFailure, RecentFailures
 from tether.sandbox.fusion import FusionRunRequest, FusionRunResponse, FusionRunStatus, to_fusion
 from tether.sandbox.languages import lookup
 from tether.sandbox.metrics import ServerMetrics
@@ -207,6 +209,7 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
 
     app = FastAPI(title="tether sandbox", lifespan=lifespan)
     metrics = ServerMetrics(pool)
+    failures = RecentFailures()
     pod_name = os.environ.get("MY_POD_NAME")
     workdir = pool.config.workdir
     app.state.pool, app.state.metrics = pool, metrics
@@ -221,6 +224,7 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
         started = time.perf_counter()
         result = await run
         metrics.observe(language, result, time.perf_counter() - started)
+        failures.note(language, result, time.time())
         return result
 
     @app.exception_handler(ApiError)
@@ -387,6 +391,10 @@ def create_app(pool: SandboxPool, *, manage_pool: bool = False, health_timeout_s
             return JSONResponse({"status": "ok", **slot_usage()})
         reasons = report.reasons or ["the health run did not print 'ok' and exit cleanly"]
         return JSONResponse({"status": "unhealthy", "reasons": reasons, **slot_usage()}, status_code=503)
+
+    @app.get("/v1/recent-failures", tags=["ops"])
+    async def recent_failures(limit: int = Query(20, ge=1, le=100)) -> dict[str, list[RecentFailure]]:
+        return {"failures": failures.latest(limit)}
 
     @app.get("/metrics", tags=["ops"])
     async def metrics_text() -> Response:
