@@ -15,7 +15,7 @@ import yaml
 
 from tether.chat import Usage
 from tether.chat.pricing import Tier
-from tether.gateway.ledger import Charge, Ledger, Reservation
+from tether.gateway.ledger import Charge, Ledger, Refused, Reservation
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.writer import LedgerWriter
 
@@ -38,7 +38,11 @@ class FlakyLedger(Ledger):
         self.reserved: list[str] = []
 
     def record(
-        self, charges: Sequence[Charge], reserved: Sequence[Reservation] = (), released: Sequence[str] = ()
+        self,
+        charges: Sequence[Charge],
+        reserved: Sequence[Reservation] = (),
+        released: Sequence[str] = (),
+        refused: Sequence[Refused] = (),
     ) -> None:
         if self.failures:
             self.failures -= 1
