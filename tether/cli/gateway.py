@@ -153,21 +153,7 @@ def keys_list(
     with user_errors():
         keys, _ = open_stores(_config(config_file, ledger_url))
         records = keys.list(tenant)
-    rows = [
-        {
-            "key_id": r.key_id,
-            "tenant": r.tenant,
-            "tier": r.tier.value,
-            "name": r.name,
-            "admin": r.admin,
-            "limits": r.limits.model_dump(mode="json", exclude_defaults=True),
-            "created": dt.datetime.fromtimestamp(r.created_at, dt.UTC).isoformat(timespec="seconds"),
-            "revoked": None
-            if r.revoked_at is None
-            else dt.datetime.fromtimestamp(r.revoked_at, dt.UTC).isoformat(timespec="seconds"),
-        }
-        for r in records
-    ]
+    rows = [r.summary() for r in records]
     if as_json:
         print_json(rows)
         return

@@ -8,6 +8,7 @@ keys existed keep working: the table is created beside them and a key not in it 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 import secrets
@@ -44,6 +45,23 @@ class ApiKey:
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def summary(self) -> dict[str, object]:
+        """The key as `keys list --json` and the console show it (never a secret), times in UTC."""
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "tier": self.tier.value,
+            "name": self.name,
+            "admin": self.admin,
+            "limits": self.limits.model_dump(mode="json", exclude_defaults=True),
+            "created": _utc(self.created_at),
+            "revoked": None if self.revoked_at is None else _utc(self.revoked_at),
+        }
+
+
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds")
 
 
 def hash_key(secret: str) -> str:
