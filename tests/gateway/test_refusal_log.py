@@ -20,6 +20,8 @@ from tether.store import make_engine
 
 from .conftest import make_config
 from .helpers import serve
+from .test_crash import MODEL as FAKE
+from .test_crash import fake_engine
 
 BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 
@@ -88,3 +90,18 @@ def test_usage_over_time_sums_each_span_per_tenant_and_tier(tmp_path: Path) -> N
     times = ledger.first_token_times(0.0)
     assert sorted((t.tenant, t.seconds) for t in times) == [("acme", 0.125), ("beta", 0.5)]
     assert [t.seconds for t in ledger.first_token_times(0.0, tenant="acme")] == [0.125]
+
+
+async def test_a_streamed_requests_time_to_first_token_is_recorded_with_its_charge(tmp_path: Path) -> None:
+    with live_server(fake_engine) as upstream:
+        config = make_config(upstream, f"sqlite:///{tmp_path / 'ledger.db'}", model=FAKE)
+        async with serve(config) as served:
+            headers = {"Authorization": f"Bearer {served.key('acme')}"}
+            body = {"model": FAKE, "prompt": "hi", "max_tokens": 1, "stream": True}
+            streamed = await served.http.post("/v1/completions", json=body, headers=headers)
+            whole = await served.http.post("/v1/completions", json={**body, "stream": False}, headers=headers)
+            await served.gateway.flush()
+    assert streamed.status_code == whole.status_code == 200
+    _, ledger = open_stores(config)
+    [timing] = ledger.first_token_times(0.0)  # the whole answer has no first token of its own
+    assert timing.tenant == "acme" and timing.tier is Tier.STANDARD and 0 < timing.seconds < 5

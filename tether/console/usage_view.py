@@ -112,19 +112,36 @@ def span_for(days: int) -> float:
     return HOUR_S if days <= 2 else DAY_S
 
 
+def _spans(since: float, now: float, span_s: float) -> list[float]:
+    """The starts of every span in the window, so a chart's time axis covers it even where nothing ran."""
+    first, last = int(since // span_s), int(now // span_s)
+    return [n * span_s for n in range(first, last + 1)]
+
+
 def _chart(
-    title: str, buckets: list[UsageBucket], series_of: dict[str, str], value: str
+    title: str,
+    buckets: list[UsageBucket],
+    series_of: dict[str, str],
+    value: str,
+    spans: list[float],
+    scale: float = 1.0,
 ) -> dict[str, object]:
     """A uPlot spec: x the spans' starts (epoch seconds), one series per name, 0 where a span had none."""
     names = sorted(set(series_of.values()))
-    starts = sorted({bucket.start for bucket in buckets})
+    starts = sorted(set(spans) | {bucket.start for bucket in buckets})
     column = {start: i for i, start in enumerate(starts)}
     data: list[list[float]] = [[0.0] * len(starts) for _ in names]
     row = {name: i for i, name in enumerate(names)}
     for bucket in buckets:
         name = series_of[f"{bucket.tenant}/{bucket.tier.value}"]
-        data[row[name]][column[bucket.start]] += float(getattr(bucket, value))
+        data[row[name]][column[bucket.start]] += float(getattr(bucket, value)) * scale
     return {"title": title, "x": "time", "time": True, "series": names, "data": [starts, *data]}
+
+
+def _spend_unit(buckets: list[UsageBucket]) -> tuple[str, float]:
+    """USD, or micro-USD where every span's spend is under a cent (an axis of USD would read 0, 0, 0)."""
+    most = max((bucket.cost_usd for bucket in buckets), default=Decimal(0))
+    return ("USD", 1.0) if most >= Decimal("0.01") or most == 0 else ("µUSD", 1e6)
 
 
 def _refusals(counts: list[RefusalCount]) -> list[LimitRefusals]:
@@ -162,13 +179,15 @@ def read_usage(
         f"{b.tenant}/{b.tier.value}": (b.tier.value if tenant is not None else b.tenant) for b in buckets
     }
     unit = "hour" if span_s == HOUR_S else "day"
+    spans = _spans(since, now, span_s)
+    currency, scale = _spend_unit(buckets)
     return UsageView(
         since,
         span_s,
         sorted(tiers.values(), key=lambda u: (u.tenant, u.tier.value)),
         _refusals(counts),
         listed,
-        _chart(f"spend (USD) per {unit}", buckets, series_of, "cost_usd"),
-        _chart(f"requests per {unit}", buckets, series_of, "requests"),
+        _chart(f"spend ({currency}) per {unit}", buckets, series_of, "cost_usd", spans, scale),
+        _chart(f"requests per {unit}", buckets, series_of, "requests", spans),
         tenants,
     )
