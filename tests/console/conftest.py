@@ -22,7 +22,9 @@ def chromium() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+# per module, not per session: while Playwright's sync API is open its event loop counts as running in this
+# thread, so every async test collected after the browser tests (tests/gateway, ...) would fail to start
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 

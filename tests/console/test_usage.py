@@ -16,9 +16,10 @@ from tether.chat.pricing import Tier
 from tether.console.app import create_app
 from tether.console.config import ConsoleConfig
 from tether.gateway.config import GatewayConfig, Limits
-from tether.gateway.ledger import Charge, Refused
+from tether.gateway.ledger import Charge
 from tether.gateway.limits import LimitKind
 from tether.gateway.runtime import open_stores
+from tether.gateway.usage_log import Refused
 
 
 @pytest.fixture

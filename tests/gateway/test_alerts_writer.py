@@ -15,8 +15,9 @@ import yaml
 
 from tether.chat import Usage
 from tether.chat.pricing import Tier
-from tether.gateway.ledger import Charge, Ledger, Refused, Reservation
+from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.metrics import GatewayMetrics
+from tether.gateway.usage_log import Refused
 from tether.gateway.writer import LedgerWriter
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "gateway-alerts.yml"

@@ -28,8 +28,9 @@ from tests.live_server import live_server
 from tether.chat import Usage
 from tether.gateway import GatewayConfig, Limits, Tier, build_gateway
 from tether.gateway.bench import Receive, Scope, Send
-from tether.gateway.ledger import PICO_PER_USD, Charge, Refused, Reservation
+from tether.gateway.ledger import PICO_PER_USD, Charge, Reservation
 from tether.gateway.runtime import open_stores
+from tether.gateway.usage_log import Refused
 from tether.web import free_port
 
 from .conftest import drop_tables, make_config

@@ -13,7 +13,8 @@ from decimal import Decimal
 
 from tether.chat.pricing import Tier
 from tether.gateway.keys import ApiKey, KeyStore
-from tether.gateway.ledger import Ledger, RefusalCount, UsageBucket
+from tether.gateway.ledger import Ledger
+from tether.gateway.usage_log import RefusalCount, UsageBucket
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -156,14 +157,14 @@ def read_usage(
     """Usage of every tenant (or of `tenant`) over the last `days` days."""
     now = time.time() if now is None else now
     since, span_s = now - days * DAY_S, span_for(days)
-    buckets = ledger.usage_over_time(since, span_s, tenant)
+    buckets = ledger.log.usage_over_time(since, span_s, tenant)
     tiers: dict[tuple[str, Tier], TierUsage] = {}
     for bucket in buckets:
         tiers.setdefault((bucket.tenant, bucket.tier), TierUsage(bucket.tenant, bucket.tier)).add(bucket)
     first_tokens: dict[tuple[str, Tier], list[float]] = defaultdict(list)
-    for timing in ledger.first_token_times(since, tenant):
+    for timing in ledger.log.first_token_times(since, tenant):
         first_tokens[(timing.tenant, timing.tier)].append(timing.seconds)
-    counts = ledger.refusal_counts(since, tenant)
+    counts = ledger.log.refusal_counts(since, tenant)
     for count in counts:
         usage = tiers.setdefault((count.tenant, count.tier), TierUsage(count.tenant, count.tier))
         if count.status == 429:

@@ -33,7 +33,7 @@ from tether.gateway.asgi import ClientGone, Receive, Scope, Send, WholeJson, aut
 from tether.gateway.config import GatewayConfig
 from tether.gateway.errors import GatewayError, ledger_unavailable
 from tether.gateway.keys import ApiKey, KeyStore, hash_key
-from tether.gateway.ledger import Charge, Ledger, Refused, Reservation
+from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.limits import LimitKind, LimitStore, counters_for
 from tether.gateway.metrics import GatewayMetrics
 from tether.gateway.plan import Kind, RequestPlan, parse_body, plan_request
@@ -42,6 +42,7 @@ from tether.gateway.refusals import refusal_error
 from tether.gateway.relay import stream_response
 from tether.gateway.replicas import ReplicaPool, Whole
 from tether.gateway.upstream import Upstream, UpstreamError
+from tether.gateway.usage_log import Refused
 from tether.gateway.writer import LedgerWriter
 
 logger = logging.getLogger(__name__)

@@ -5,9 +5,8 @@ Beside them, the reservations of requests forwarded but not yet charged, at thei
 cost: written before a request goes upstream and deleted in the transaction that charges it, so after a
 crash the requests it cut short still count against their budgets (see `open_reservations`).
 
-Beside them too, what the console's usage page reads and no bill needs: the requests a limit refused (which
-limit, the status the client got) and the time to first token of streamed requests. Both tables are
-additive: a ledger made before them gains them, empty, when it is next opened.
+Beside them, in the same transactions, the usage log (`usage_log.py`): what the console's usage pages
+read and no bill needs (refusals, times to first token, hourly sums).
 
 Costs are stored as whole pico-dollars (exact: prices have at most 6 decimals per million tokens), so SQL
 sums are exact on SQLite and PostgreSQL alike. The ledger knows nothing of HTTP or limits.
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from decimal import Decimal
 
 import sqlalchemy as sa
@@ -26,9 +25,7 @@ from sqlalchemy.engine import Engine
 
 from tether.chat import Usage
 from tether.chat.pricing import Tier
-from tether.gateway.limits import LimitKind
-
-PICO_PER_USD = Decimal(10) ** 12
+from tether.gateway.usage_log import PICO_PER_USD, Refused, UsageLog
 
 
 def to_pico_usd(amount: Decimal) -> int:
@@ -53,55 +50,6 @@ class Charge:
     cost_usd: Decimal
     first_token_s: float | None = None
     """A streamed request's time from arrival to its first chunk; None for a whole answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A request a limit refused: whose, which limit (the key's or the tenant's), and what the client got
-    (429 when waiting helps, 400 when the request can never fit)."""
-
-    request_id: str
-    at: float
-    tenant: str
-    key_id: str
-    tier: Tier
-    scope: str
-    kind: LimitKind
-    status: int
-    code: str
-
-
-@dataclass(frozen=True, slots=True)
-class RefusalCount:
-    tenant: str
-    key_id: str
-    tier: Tier
-    scope: str
-    kind: LimitKind
-    status: int
-    count: int
-    last_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class UsageBucket:
-    """One tenant's charges on one tier within one span of time starting at `start`."""
-
-    start: float
-    tenant: str
-    tier: Tier
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    cost_usd: Decimal
-
-
-@dataclass(frozen=True, slots=True)
-class FirstToken:
-    tenant: str
-    tier: Tier
-    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,31 +127,8 @@ class Ledger:
             sa.Column("tokens", sa.BigInteger, nullable=False),
             sa.Column("spend_nusd", sa.BigInteger, nullable=False),
         )
-        self.refusals = sa.Table(
-            f"{prefix}refusals",
-            self.meta,
-            sa.Column("request_id", sa.String(64), primary_key=True),
-            sa.Column("at", sa.Float, nullable=False),
-            sa.Column("tenant", sa.String(64), nullable=False),
-            sa.Column("key_id", sa.String(32), nullable=False),
-            sa.Column("tier", sa.String(16), nullable=False),
-            sa.Column("scope", sa.String(16), nullable=False),
-            sa.Column("kind", sa.String(16), nullable=False),
-            sa.Column("status", sa.Integer, nullable=False),
-            sa.Column("code", sa.String(64), nullable=False),
-            sa.Index(f"{prefix}refusals_at", "at"),
-        )
-        self.first_tokens = sa.Table(
-            f"{prefix}first_tokens",
-            self.meta,
-            sa.Column("request_id", sa.String(64), primary_key=True),
-            sa.Column("at", sa.Float, nullable=False),
-            sa.Column("tenant", sa.String(64), nullable=False),
-            sa.Column("tier", sa.String(16), nullable=False),
-            sa.Column("seconds", sa.Float, nullable=False),
-            sa.Index(f"{prefix}first_tokens_at", "at"),
-        )
         self.meta.create_all(engine)
+        self.log = UsageLog(engine, prefix, self.rows)
         # the statements of every commit, built once: SQLAlchemy then reuses their compiled form, where
         # building them per commit cost more than the commit itself
         insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
@@ -228,12 +153,14 @@ class Ledger:
         refused: Sequence[Refused] = (),
     ) -> None:
         """In one transaction, all or nothing: the `reserved` requests' reservations; the `charges`' rows,
-        their tenants' daily spend, their times to first token and the end of their reservations; the end
-        of the `released` ones (of requests that never ran); the `refused` requests."""
+        their tenants' daily spend and the end of their reservations; the end of the `released` ones (of
+        requests that never ran); the usage log's share of the charges, and the `refused` requests."""
         totals: dict[tuple[str, str], list[int]] = {}
         rows = []
+        picos = []
         for charge in charges:
             pico = to_pico_usd(charge.cost_usd)
+            picos.append(pico)
             day = day_of(charge.at)
             usage = charge.usage
             total = totals.setdefault((charge.tenant, day), [0, 0, 0])
@@ -256,19 +183,10 @@ class Ledger:
                 }
             )
         ended = [*released, *(charge.request_id for charge in charges)]
-        first_tokens = [
-            {"request_id": c.request_id, "at": c.at, "tenant": c.tenant, "tier": c.tier.value, "seconds": s}
-            for c in charges
-            if (s := c.first_token_s) is not None
-        ]
         if not (rows or reserved or ended or refused):
             return
         with self.engine.begin() as conn:
-            if refused:
-                rows_refused = [{**asdict(r), "tier": r.tier.value, "kind": r.kind.value} for r in refused]
-                conn.execute(self.refusals.insert(), rows_refused)
-            if first_tokens:
-                conn.execute(self.first_tokens.insert(), first_tokens)
+            self.log.write(conn, charges, picos, refused)
             if reserved:
                 conn.execute(
                     self.reservations.insert(),
@@ -335,82 +253,6 @@ class Ledger:
                 for day, model, tier, n, p, h, o, pico in conn.execute(query)
             ]
 
-    def usage_over_time(self, since: float, span_s: float, tenant: str | None = None) -> list[UsageBucket]:
-        """Charges since `since` summed per tenant, tier and `span_s` (every tenant, or only `tenant`),
-        oldest first."""
-        c = self.rows.c
-        span = sa.cast(c.at / span_s, sa.Integer)  # truncates on SQLite, rounds on PostgreSQL: both group
-        query = (
-            sa.select(
-                span,
-                c.tenant,
-                c.tier,
-                sa.func.count(),
-                sa.func.sum(c.prompt_tokens),
-                sa.func.sum(c.cached_tokens),
-                sa.func.sum(c.completion_tokens),
-                sa.func.sum(c.cost_pusd),
-            )
-            .where(c.at >= since, *([c.tenant == tenant] if tenant is not None else []))
-            .group_by(span, c.tenant, c.tier)
-            .order_by(span, c.tenant, c.tier)
-        )
-        with self.engine.connect() as conn:
-            return [
-                UsageBucket(
-                    int(at) * span_s,
-                    str(who),
-                    Tier(tier),
-                    int(n),
-                    int(p),
-                    int(h),
-                    int(o),
-                    Decimal(int(pico)) / PICO_PER_USD,
-                )
-                for at, who, tier, n, p, h, o, pico in conn.execute(query)
-            ]
-
-    def refusal_counts(self, since: float, tenant: str | None = None) -> list[RefusalCount]:
-        """Requests refused since `since`, counted per key, limit and status (every tenant, or `tenant`)."""
-        c = self.refusals.c
-        last_at = sa.func.max(c.at)
-        query = (
-            sa.select(c.tenant, c.key_id, c.tier, c.scope, c.kind, c.status, sa.func.count(), last_at)
-            .where(c.at >= since, *([c.tenant == tenant] if tenant is not None else []))
-            .group_by(c.tenant, c.key_id, c.tier, c.scope, c.kind, c.status)
-            .order_by(c.tenant, c.key_id, c.scope, c.kind)
-        )
-        with self.engine.connect() as conn:
-            return [
-                RefusalCount(
-                    str(who),
-                    str(key),
-                    Tier(tier),
-                    str(scope),
-                    LimitKind(kind),
-                    int(status),
-                    int(n),
-                    float(at),
-                )
-                for who, key, tier, scope, kind, status, n, at in conn.execute(query)
-            ]
-
-    def first_token_times(
-        self, since: float, tenant: str | None = None, limit: int = 10_000
-    ) -> list[FirstToken]:
-        """The times to first token of the latest `limit` streamed requests since `since`."""
-        c = self.first_tokens.c
-        query = (
-            sa.select(c.tenant, c.tier, c.seconds)
-            .where(c.at >= since, *([c.tenant == tenant] if tenant is not None else []))
-            .order_by(c.at.desc())
-            .limit(limit)
-        )
-        with self.engine.connect() as conn:
-            return [
-                FirstToken(str(who), Tier(tier), float(seconds)) for who, tier, seconds in conn.execute(query)
-            ]
-
     def recent_usage(self, since: float, span_s: float = 60.0) -> list[RecentUsage]:
         """Charges made since `since` (epoch seconds), summed per key and `span_s`, oldest first."""
         c = self.rows.c
@@ -459,4 +301,5 @@ class Ledger:
         return int(row[0]), int(row[1]), Decimal(int(row[2])) / PICO_PER_USD
 
     def drop(self) -> None:
+        self.log.drop()
         self.meta.drop_all(self.engine)

@@ -18,7 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
-from tether.gateway.ledger import Charge, Ledger, Refused, Reservation
+from tether.gateway.ledger import Charge, Ledger, Reservation
+from tether.gateway.usage_log import Refused
 
 logger = logging.getLogger(__name__)
 

@@ -8,14 +8,16 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tests.live_server import live_server
 from tether.chat import Usage
 from tether.chat.pricing import Tier
 from tether.gateway.bench import MODEL, instant_upstream
-from tether.gateway.ledger import Charge, Ledger, RefusalCount
+from tether.gateway.ledger import Charge, Ledger
 from tether.gateway.limits import LimitKind
 from tether.gateway.runtime import open_stores
+from tether.gateway.usage_log import RefusalCount
 from tether.store import make_engine
 
 from .conftest import make_config
@@ -58,12 +60,12 @@ async def test_a_refused_request_is_recorded_under_its_limit_and_status(
         other_id = served.gateway.keys.lookup(other).key_id  # type: ignore[union-attr]
     assert statuses == [200, 429, 429] and big.status_code == 400
     _, ledger = open_stores(config)  # another process's view: only the database
-    counts = ledger.refusal_counts(0.0)
+    counts = ledger.log.refusal_counts(0.0)
     assert [(c.key_id, c.scope, c.kind, c.status, c.count) for c in counts] == sorted(
         [(key_id, "key", LimitKind.REQUESTS, 429, 2), (other_id, "tenant", LimitKind.TOKENS, 400, 1)]
     )
     assert all(isinstance(c, RefusalCount) and c.tenant == "acme" for c in counts)
-    assert ledger.refusal_counts(0.0, tenant="other") == []
+    assert ledger.log.refusal_counts(0.0, tenant="other") == []
 
 
 def test_usage_over_time_sums_each_span_per_tenant_and_tier(tmp_path: Path) -> None:
@@ -78,7 +80,7 @@ def test_usage_over_time_sums_each_span_per_tenant_and_tier(tmp_path: Path) -> N
             Charge("d", 3600.0 * 12, "beta", "k", "m", Tier.STANDARD, Usage(1, 1, 1), Decimal("2"), 0.5),
         ]
     )
-    spans = ledger.usage_over_time(0.0, 3600.0)
+    spans = ledger.log.usage_over_time(0.0, 3600.0)
     assert [
         (b.start, b.tenant, b.tier, b.requests, b.prompt_tokens, b.cached_tokens, b.cost_usd) for b in spans
     ] == [
@@ -86,10 +88,10 @@ def test_usage_over_time_sums_each_span_per_tenant_and_tier(tmp_path: Path) -> N
         (43200.0, "acme", Tier.FAST, 1, 1, 0, Decimal("1")),
         (43200.0, "beta", Tier.STANDARD, 1, 1, 1, Decimal("2")),
     ]
-    assert [b.tenant for b in ledger.usage_over_time(40000.0, 3600.0, tenant="beta")] == ["beta"]
-    times = ledger.first_token_times(0.0)
+    assert [b.tenant for b in ledger.log.usage_over_time(40000.0, 3600.0, tenant="beta")] == ["beta"]
+    times = ledger.log.first_token_times(0.0)
     assert sorted((t.tenant, t.seconds) for t in times) == [("acme", 0.125), ("beta", 0.5)]
-    assert [t.seconds for t in ledger.first_token_times(0.0, tenant="acme")] == [0.125]
+    assert [t.seconds for t in ledger.log.first_token_times(0.0, tenant="acme")] == [0.125]
 
 
 async def test_a_streamed_requests_time_to_first_token_is_recorded_with_its_charge(tmp_path: Path) -> None:
@@ -103,5 +105,29 @@ async def test_a_streamed_requests_time_to_first_token_is_recorded_with_its_char
             await served.gateway.flush()
     assert streamed.status_code == whole.status_code == 200
     _, ledger = open_stores(config)
-    [timing] = ledger.first_token_times(0.0)  # the whole answer has no first token of its own
+    [timing] = ledger.log.first_token_times(0.0)  # the whole answer has no first token of its own
     assert timing.tenant == "acme" and timing.tier is Tier.STANDARD and 0 < timing.seconds < 5
+
+
+def test_a_ledger_from_before_the_hourly_sums_gains_them_from_its_charges(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    ledger = Ledger(engine)
+    day = 86400.0
+    ledger.record(
+        [
+            Charge("a", day + 10, "acme", "k", "m", Tier.STANDARD, Usage(10, 4, 2), Decimal("0.5")),
+            Charge("b", day + 7300, "acme", "k", "m", Tier.STANDARD, Usage(6, 0, 1), Decimal("0.25")),
+            Charge("c", 3 * day, "acme", "k", "m", Tier.STANDARD, Usage(1, 0, 1), Decimal("1")),
+        ]
+    )
+    before = ledger.log.usage_over_time(0.0, day)
+    with engine.begin() as conn:  # the database as it was before the usage log
+        for table in ("gw_usage_hourly", "gw_refusals", "gw_first_tokens"):
+            conn.execute(sa.text(f"DROP TABLE {table}"))
+    reopened = Ledger(engine)
+    assert reopened.log.usage_over_time(0.0, day) == before
+    assert [(b.start, b.requests, b.cost_usd) for b in before] == [
+        (day, 2, Decimal("0.75")),
+        (3 * day, 1, Decimal("1")),
+    ]
+    assert reopened.log.refusal_counts(0.0) == [] and Ledger(engine).log.usage_over_time(0.0, day) == before
