@@ -17,6 +17,7 @@ from tether.chat import Usage
 from tether.chat.pricing import Tier
 from tether.gateway.ledger import Charge, Ledger, Reservation
 from tether.gateway.metrics import GatewayMetrics
+from tether.gateway.usage_log import Refused
 from tether.gateway.writer import LedgerWriter
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "gateway-alerts.yml"
@@ -38,7 +39,11 @@ class FlakyLedger(Ledger):
         self.reserved: list[str] = []
 
     def record(
-        self, charges: Sequence[Charge], reserved: Sequence[Reservation] = (), released: Sequence[str] = ()
+        self,
+        charges: Sequence[Charge],
+        reserved: Sequence[Reservation] = (),
+        released: Sequence[str] = (),
+        refused: Sequence[Refused] = (),
     ) -> None:
         if self.failures:
             self.failures -= 1

@@ -30,6 +30,7 @@ from tether.gateway import GatewayConfig, Limits, Tier, build_gateway
 from tether.gateway.bench import Receive, Scope, Send
 from tether.gateway.ledger import PICO_PER_USD, Charge, Reservation
 from tether.gateway.runtime import open_stores
+from tether.gateway.usage_log import Refused
 from tether.web import free_port
 
 from .conftest import drop_tables, make_config
@@ -257,11 +258,14 @@ async def test_a_request_whose_charge_cannot_be_recorded_is_not_served(
             record = ledger.record
 
             def charges_fail(
-                charges: Sequence[Charge], reserved: Sequence[Reservation] = (), released: Sequence[str] = ()
+                charges: Sequence[Charge],
+                reserved: Sequence[Reservation] = (),
+                released: Sequence[str] = (),
+                refused: Sequence[Refused] = (),
             ) -> None:
                 if charges:
                     raise OSError("disk full")
-                record(charges, reserved, released)
+                record(charges, reserved, released, refused)
 
             monkeypatch.setattr(ledger, "record", charges_fail)
             served.gateway.writer.backoff_s = 0

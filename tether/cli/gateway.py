@@ -17,9 +17,9 @@ from rich.table import Table
 from starlette.types import ASGIApp
 
 from tether.chat.pricing import Tier
-from tether.cli.common import CacheDirOption, cache_root, err_console, fail, print_json, user_errors
+from tether.cli.common import CacheDirOption, cache_root, err_console, print_json, user_errors
 from tether.errors import ConfigError
-from tether.gateway.config import GatewayConfig, Limits, load_gateway_config
+from tether.gateway.config import GatewayConfig, load_gateway_config
 
 app = typer.Typer(help="The API gateway: keys, usage, serving and benchmarks.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
@@ -155,36 +155,31 @@ def keys_create(
     budget_period_s: Annotated[
         float, typer.Option("--budget-period-s", min=0.001, help="Budget period, in seconds (30 days).")
     ] = 30 * 86400.0,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="The key may also sign in to a console beyond loopback.")
+    ] = False,
     config_file: ConfigOption = None,
     ledger_url: LedgerOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a key; its secret is printed once and never stored."""
-    from pydantic import ValidationError
-
-    from tether.errors import describe_validation_error
+    from tether.gateway.config import key_limits, parse_usd
     from tether.gateway.runtime import open_stores
 
     with user_errors():
-        try:
-            limits = Limits(
-                requests_per_minute=rpm,
-                tokens_per_window=tokens,
-                token_window_s=token_window_s,
-                budget_usd=None if budget_usd is None else Decimal(budget_usd),
-                budget_period_s=budget_period_s,
-            )
-        except (ValidationError, ArithmeticError) as error:
-            detail = (
-                describe_validation_error(error, "key limits") if isinstance(error, ValidationError) else ""
-            )
-            fail(detail or f"--budget-usd {budget_usd!r}: expected a decimal number of USD, like 25.50")
+        budget = None if budget_usd is None else parse_usd(budget_usd, "--budget-usd")
+        limits = key_limits(rpm, tokens, token_window_s, budget, budget_period_s)
         keys, _ = open_stores(_config(config_file, ledger_url))
-        secret, record = keys.create(tenant, tier, limits, name)
+        secret, record = keys.create(tenant, tier, limits, name, admin=admin)
     if as_json:
-        print_json({"key": secret, "key_id": record.key_id, "tenant": tenant, "tier": tier.value})
+        print_json(
+            {"key": secret, "key_id": record.key_id, "tenant": tenant, "tier": tier.value, "admin": admin}
+        )
         return
-    console.print(f"key id {record.key_id} for tenant {tenant} ({tier.value}); the secret, shown only now:")
+    kind = "admin key" if admin else "key"
+    console.print(
+        f"{kind} id {record.key_id} for tenant {tenant} ({tier.value}); the secret, shown only now:"
+    )
     sys.stdout.write(secret + "\n")
 
 
@@ -201,25 +196,12 @@ def keys_list(
     with user_errors():
         keys, _ = open_stores(_config(config_file, ledger_url))
         records = keys.list(tenant)
-    rows = [
-        {
-            "key_id": r.key_id,
-            "tenant": r.tenant,
-            "tier": r.tier.value,
-            "name": r.name,
-            "limits": r.limits.model_dump(mode="json", exclude_defaults=True),
-            "created": dt.datetime.fromtimestamp(r.created_at, dt.UTC).isoformat(timespec="seconds"),
-            "revoked": None
-            if r.revoked_at is None
-            else dt.datetime.fromtimestamp(r.revoked_at, dt.UTC).isoformat(timespec="seconds"),
-        }
-        for r in records
-    ]
+    rows = [r.summary() for r in records]
     if as_json:
         print_json(rows)
         return
     table = Table(title="gateway keys")
-    for column in ("key_id", "tenant", "tier", "name", "limits", "created", "revoked"):
+    for column in ("key_id", "tenant", "tier", "name", "admin", "limits", "created", "revoked"):
         table.add_column(column)
     for row in rows:
         table.add_row(*(str(row[c] if row[c] is not None else "-") for c in row))

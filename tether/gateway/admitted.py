@@ -21,3 +21,5 @@ class Admitted:
     arrived_s: float
     settled: bool = False
     reserved_durably: bool = False
+    first_token_s: float | None = None
+    """A stream's time from arrival to its first chunk, once it came."""

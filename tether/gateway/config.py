@@ -35,6 +35,35 @@ class Limits(_Strict):
     budget_period_s: float = Field(30 * 86400.0, gt=0)
 
 
+def parse_usd(text: str, label: str) -> Decimal:
+    """An amount of USD as a user typed it (`--budget-usd`, a form's field named `label`)."""
+    try:
+        return Decimal(text.strip())
+    except ArithmeticError:
+        raise ConfigError(f"{label} {text!r}: expected a decimal number of USD, like 25.50") from None
+
+
+def key_limits(
+    requests_per_minute: int | None = None,
+    tokens_per_window: int | None = None,
+    token_window_s: float = 600.0,
+    budget_usd: Decimal | None = None,
+    budget_period_s: float = 30 * 86400.0,
+) -> Limits:
+    """A key's limits from what `tether gateway keys create` and the console's key form take; a
+    ConfigError naming each bad value and what is accepted."""
+    try:
+        return Limits(
+            requests_per_minute=requests_per_minute,
+            tokens_per_window=tokens_per_window,
+            token_window_s=token_window_s,
+            budget_usd=budget_usd,
+            budget_period_s=budget_period_s,
+        )
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, "key limits")) from None
+
+
 class Routing(StrEnum):
     """How a pool picks the replica for a request (`gateway/routing.py`)."""
 

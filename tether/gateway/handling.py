@@ -42,6 +42,7 @@ from tether.gateway.refusals import refusal_error
 from tether.gateway.relay import stream_response
 from tether.gateway.replicas import ReplicaPool, Whole
 from tether.gateway.upstream import Upstream, UpstreamError
+from tether.gateway.usage_log import Refused
 from tether.gateway.writer import LedgerWriter
 
 logger = logging.getLogger(__name__)
@@ -144,10 +145,27 @@ class Gateway:
             self.config.tenant(key.tenant), "tenant", key.tenant, tokens, spend
         )
         admitted = Admitted(uuid.uuid4().hex, key, plan, counters, time.monotonic())
-        refusal = await self.limits.reserve(admitted.id, counters, self.clock())
+        now = self.clock()
+        refusal = await self.limits.reserve(admitted.id, counters, now)
         if refusal is not None:
-            scope_id = key.key_id if refusal.counter.scope == "key" else key.tenant
-            raise refusal_error(refusal, scope_id, plan, self.config.price(plan.model, plan.tier))
+            counter = refusal.counter
+            scope_id = key.key_id if counter.scope == "key" else key.tenant
+            error = refusal_error(refusal, scope_id, plan, self.config.price(plan.model, plan.tier))
+            # kept for the console's usage page (which limit refuses whom), committed with the next batch
+            self.writer.refuse(
+                Refused(
+                    admitted.id,
+                    now,
+                    key.tenant,
+                    key.key_id,
+                    key.tier,
+                    counter.scope,
+                    counter.kind,
+                    error.status,
+                    error.code,
+                )
+            )
+            raise error
         return admitted
 
     async def reserve_durably(self, admitted: Admitted) -> None:
@@ -183,7 +201,17 @@ class Gateway:
         """Queue the charge's commit; the reservation is settled once the row is committed."""
         plan, key = admitted.plan, admitted.key
         cost = cost_usd(usage, self.config.price(plan.model, plan.tier))
-        charge = Charge(admitted.id, self.clock(), key.tenant, key.key_id, plan.model, plan.tier, usage, cost)
+        charge = Charge(
+            admitted.id,
+            self.clock(),
+            key.tenant,
+            key.key_id,
+            plan.model,
+            plan.tier,
+            usage,
+            cost,
+            admitted.first_token_s,
+        )
         actual = {LimitKind.TOKENS: usage.total_tokens, LimitKind.SPEND: to_nano_usd(cost)}
         amounts = {c.name: actual[c.kind] for c in admitted.counters if c.kind in actual}
         for c in admitted.counters:

@@ -1,11 +1,14 @@
 """API keys: generated once, shown once, stored only as a SHA-256 hash with their tenant, tier and limits.
 
 Keys carry 256 bits of randomness, so a fast hash is enough (no password stretching): the hash is the
-lookup index. Revocation is a timestamp; revoked keys stay listed for the ledger's sake.
+lookup index. Revocation is a timestamp; revoked keys stay listed for the ledger's sake. An admin key (one
+that may also sign in to the console) is named in a table of its own, so that databases made before admin
+keys existed keep working: the table is created beside them and a key not in it is an ordinary one.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 import secrets
@@ -37,10 +40,28 @@ class ApiKey:
     name: str
     created_at: float
     revoked_at: float | None = None
+    admin: bool = False
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def summary(self) -> dict[str, object]:
+        """The key as `keys list --json` and the console show it (never a secret), times in UTC."""
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "tier": self.tier.value,
+            "name": self.name,
+            "admin": self.admin,
+            "limits": self.limits.model_dump(mode="json", exclude_defaults=True),
+            "created": _utc(self.created_at),
+            "revoked": None if self.revoked_at is None else _utc(self.revoked_at),
+        }
+
+
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds")
 
 
 def hash_key(secret: str) -> str:
@@ -72,14 +93,25 @@ class KeyStore:
             sa.Column("created_at", sa.Float, nullable=False),
             sa.Column("revoked_at", sa.Float),
         )
+        self.admins = sa.Table(
+            f"{prefix}admin_keys",
+            self.meta,
+            sa.Column("key_id", sa.String(32), sa.ForeignKey(self.table.c.key_id), primary_key=True),
+        )
         self.meta.create_all(engine)
+        self._select = sa.select(self.table, self.admins.c.key_id.is_not(None).label("admin")).select_from(
+            self.table.outerjoin(self.admins, self.admins.c.key_id == self.table.c.key_id)
+        )
 
-    def create(self, tenant: str, tier: Tier, limits: Limits, name: str = "") -> tuple[str, ApiKey]:
-        """A new key: (the secret, to hand to the client once; its record)."""
+    def create(
+        self, tenant: str, tier: Tier, limits: Limits, name: str = "", admin: bool = False
+    ) -> tuple[str, ApiKey]:
+        """A new key: (the secret, to hand to the client once; its record). An `admin` key may also sign
+        in to the console."""
         check_tenant(tenant)
         key_id = secrets.token_hex(6)
         secret = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
-        record = ApiKey(key_id, tenant, tier, limits, name, self.clock())
+        record = ApiKey(key_id, tenant, tier, limits, name, self.clock(), admin=admin)
         with self.engine.begin() as conn:
             conn.execute(
                 self.table.insert().values(
@@ -92,16 +124,23 @@ class KeyStore:
                     created_at=record.created_at,
                 )
             )
+            if admin:
+                conn.execute(self.admins.insert().values(key_id=key_id))
         return secret, record
 
     def lookup(self, secret: str) -> ApiKey | None:
         """The key's record (revoked ones too), or None if no key has this secret."""
         with self.engine.connect() as conn:
-            row = conn.execute(self.table.select().where(self.table.c.key_hash == hash_key(secret))).first()
+            row = conn.execute(self._select.where(self.table.c.key_hash == hash_key(secret))).first()
         return None if row is None else self._record(row)
 
+    def is_admin(self, secret: str) -> bool:
+        """Whether `secret` is an admin key that is not revoked: what signing in to the console takes."""
+        key = self.lookup(secret)
+        return key is not None and key.admin and not key.revoked
+
     def list(self, tenant: str | None = None) -> list[ApiKey]:
-        query = self.table.select().order_by(self.table.c.created_at)
+        query = self._select.order_by(self.table.c.created_at)
         if tenant is not None:
             query = query.where(self.table.c.tenant == tenant)
         with self.engine.connect() as conn:
@@ -114,7 +153,7 @@ class KeyStore:
                 .where(self.table.c.key_id == key_id, self.table.c.revoked_at.is_(None))
                 .values(revoked_at=self.clock())
             ).rowcount
-            row = conn.execute(self.table.select().where(self.table.c.key_id == key_id)).first()
+            row = conn.execute(self._select.where(self.table.c.key_id == key_id)).first()
         if row is None:
             raise UnknownKey(f"key id {key_id!r}: no such key; `tether gateway keys list` shows the ids")
         if not found:
@@ -135,4 +174,5 @@ class KeyStore:
             str(m["name"]),
             float(m["created_at"]),
             None if m["revoked_at"] is None else float(m["revoked_at"]),
+            bool(m["admin"]),
         )

@@ -5,6 +5,9 @@ Beside them, the reservations of requests forwarded but not yet charged, at thei
 cost: written before a request goes upstream and deleted in the transaction that charges it, so after a
 crash the requests it cut short still count against their budgets (see `open_reservations`).
 
+Beside them, in the same transactions, the usage log (`usage_log.py`): what the console's usage pages
+read and no bill needs (refusals, times to first token, hourly sums).
+
 Costs are stored as whole pico-dollars (exact: prices have at most 6 decimals per million tokens), so SQL
 sums are exact on SQLite and PostgreSQL alike. The ledger knows nothing of HTTP or limits.
 """
@@ -22,8 +25,7 @@ from sqlalchemy.engine import Engine
 
 from tether.chat import Usage
 from tether.chat.pricing import Tier
-
-PICO_PER_USD = Decimal(10) ** 12
+from tether.gateway.usage_log import PICO_PER_USD, Refused, UsageLog
 
 
 def to_pico_usd(amount: Decimal) -> int:
@@ -46,6 +48,8 @@ class Charge:
     tier: Tier
     usage: Usage
     cost_usd: Decimal
+    first_token_s: float | None = None
+    """A streamed request's time from arrival to its first chunk; None for a whole answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,7 @@ class Ledger:
             sa.Column("spend_nusd", sa.BigInteger, nullable=False),
         )
         self.meta.create_all(engine)
+        self.log = UsageLog(engine, prefix, self.rows)
         # the statements of every commit, built once: SQLAlchemy then reuses their compiled form, where
         # building them per commit cost more than the commit itself
         insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
@@ -145,14 +150,17 @@ class Ledger:
         charges: Sequence[Charge],
         reserved: Sequence[Reservation] = (),
         released: Sequence[str] = (),
+        refused: Sequence[Refused] = (),
     ) -> None:
         """In one transaction, all or nothing: the `reserved` requests' reservations; the `charges`' rows,
         their tenants' daily spend and the end of their reservations; the end of the `released` ones (of
-        requests that never ran)."""
+        requests that never ran); the usage log's share of the charges, and the `refused` requests."""
         totals: dict[tuple[str, str], list[int]] = {}
         rows = []
+        picos = []
         for charge in charges:
             pico = to_pico_usd(charge.cost_usd)
+            picos.append(pico)
             day = day_of(charge.at)
             usage = charge.usage
             total = totals.setdefault((charge.tenant, day), [0, 0, 0])
@@ -175,9 +183,10 @@ class Ledger:
                 }
             )
         ended = [*released, *(charge.request_id for charge in charges)]
-        if not (rows or reserved or ended):
+        if not (rows or reserved or ended or refused):
             return
         with self.engine.begin() as conn:
+            self.log.write(conn, charges, picos, refused)
             if reserved:
                 conn.execute(
                     self.reservations.insert(),
@@ -292,4 +301,5 @@ class Ledger:
         return int(row[0]), int(row[1]), Decimal(int(row[2])) / PICO_PER_USD
 
     def drop(self) -> None:
+        self.log.drop()
         self.meta.drop_all(self.engine)

@@ -78,7 +78,8 @@ async def _relay(
     try:
         async for chunk in upstream.aiter_bytes():
             if first:
-                metrics.ttft_by(tier).observe(time.monotonic() - admitted.arrived_s)
+                admitted.first_token_s = time.monotonic() - admitted.arrived_s
+                metrics.ttft_by(tier).observe(admitted.first_token_s)
                 first = False
             buffer += chunk
             *events, buffer = buffer.split(b"\n\n")

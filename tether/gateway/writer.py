@@ -6,8 +6,8 @@ The guarantee the gateway builds on: when `reserve` or `charge` returns True the
 crash after that loses nothing), and a charge's reservation is settled in the limits right after its
 commit. When a batch keeps failing they return False and every charge in it is logged in full at ERROR
 (for reconciliation); the gateway then refuses the request instead of serving what it cannot bill.
-Releases are not waited for: a release lost in a crash leaves a reservation counted at its worst case,
-which errs on the safe side.
+Releases and refusals are not waited for: a release lost in a crash leaves a reservation counted at its
+worst case, which errs on the safe side; a refusal lost in one is missing from the usage page only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 from tether.gateway.ledger import Charge, Ledger, Reservation
+from tether.gateway.usage_log import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class _Write:
     reserved: Reservation | None = None
     charge: Charge | None = None
     released: str | None = None
+    refused: Refused | None = None
     after_commit: AfterCommit | None = None
 
 
@@ -66,6 +68,10 @@ class LedgerWriter:
         """End the reservation of a request that never ran, with the next batch."""
         self._submit(released=request_id)
 
+    def refuse(self, refused: Refused) -> None:
+        """Record a request a limit refused, with the next batch."""
+        self._submit(refused=refused)
+
     async def flush(self) -> None:
         """Wait until everything submitted so far is committed (or given up on)."""
         await self._queue.join()
@@ -83,11 +89,12 @@ class LedgerWriter:
         charge: Charge | None = None,
         released: str | None = None,
         after_commit: AfterCommit | None = None,
+        refused: Refused | None = None,
     ) -> asyncio.Future[bool]:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="tether-ledger-writer")
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Write(done, reserved, charge, released, after_commit))
+        self._queue.put_nowait(_Write(done, reserved, charge, released, refused, after_commit))
         return done
 
     async def _run(self) -> None:
@@ -119,9 +126,10 @@ class LedgerWriter:
         charges = [w.charge for w in batch if w.charge is not None]
         reserved = [w.reserved for w in batch if w.reserved is not None]
         released = [w.released for w in batch if w.released is not None]
+        refused = [w.refused for w in batch if w.refused is not None]
         for attempt in range(1, self.attempts + 1):
             try:
-                await asyncio.to_thread(self.ledger.record, charges, reserved, released)
+                await asyncio.to_thread(self.ledger.record, charges, reserved, released, refused)
                 return True
             except Exception:
                 logger.exception(
