@@ -12,6 +12,7 @@ import torch
 from tether.engine.llm_engine import LLMEngine
 from tether.envs.context import ScoringContext
 from tether.models import load
+from tether.models.threads import available_cores
 from tether.rl.builders import learner_options, open_run
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.learner import Learner
@@ -60,6 +61,9 @@ def test_three_sync_steps_learn_push_and_record_per_domain(
         assert sum(per_domain) == 12
         assert {"reward/share", "reward/short", "truncation_rate", "response_tokens"} <= set(metrics)
         assert metrics["time/generate_s"] > 0 and metrics["time/learn_s"] > 0
+        # The thread count each step ran with, following the free cores (run.adapt_threads).
+        assert 1 <= metrics["run/threads"] <= available_cores()
+        assert metrics["run/threads_learner"] == metrics["run/threads"]  # sync: one thread runs it all
     assert any(m.get("domain/test/vowels/reward/share", 0) > 0 for m in history)
     # The weights moved, and the engine generates with exactly the learner's weights.
     assert trainer.engine is not None
