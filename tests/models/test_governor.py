@@ -12,30 +12,82 @@ from pathlib import Path
 import pytest
 import torch
 
-from tether.models.governor import GovernorConfig, ThreadGovernor, decide, run_delay_s
+from tether.models.governor import GovernorConfig, ThreadGovernor, Window, decide, run_delay_s
 
 CONFIG = GovernorConfig()
+BUSY = Window(wait_fraction=0.35, idle_cores=0.0)  # another process took a core: our threads waited
+FREE = Window(wait_fraction=0.01, idle_cores=1.0)  # a whole core stood idle
+OWN = Window(wait_fraction=0.01, idle_cores=0.1)  # busy with our own work, nobody waiting
 
 
 @pytest.mark.parametrize(
-    ("threads", "wait", "idle", "expected"),
+    ("threads", "max_threads", "windows", "expected"),
     [
-        (2, 0.35, 0.0, 1),  # another process took a core: every parallel region waited for it
-        (1, 0.35, 0.0, 1),  # never below one
-        (1, 0.01, 1.0, 2),  # the core came back
-        (2, 0.01, 1.9, 2),  # never above the cores we may use
-        (2, 0.01, 0.1, 2),  # busy but not waiting: our own work
-        (2, 0.1, 0.5, 2),  # some contention, no idle core: stay
-        (4, 0.5, 2.0, 3),  # waiting wins over idle cores (they are not ours to take)
+        (2, 2, [BUSY], 1),  # one waiting window is enough to give a thread up
+        (1, 2, [BUSY, BUSY], 1),  # never below one
+        (1, 2, [FREE], 1),  # one quiet window is no sign yet
+        (1, 2, [FREE, FREE], 2),  # the core came back and stayed
+        (1, 2, [BUSY, FREE], 1),  # the window before was busy: not yet
+        (2, 2, [FREE, FREE], 2),  # never above the cores we may use
+        (2, 2, [OWN, OWN, OWN], 2),  # busy but not waiting: our own work
+        (2, 2, [Window(0.1, 0.5)] * 3, 2),  # some contention, no idle core: stay
+        (4, 4, [Window(0.5, 2.0)], 3),  # waiting wins over idle cores (they are not ours to take)
+        (1, 2, [Window(0.3, 1.0), Window(0.3, 1.0)], 1),  # idle cores while we wait: not ours to take
+        (3, 2, [], 2),  # a count above the cores is brought down
+        (0, 2, [], 1),  # and one below one up
     ],
 )
-def test_decide(threads: int, wait: float, idle: float, expected: int) -> None:
-    assert decide(threads, 2 if threads <= 2 else 4, wait, idle, CONFIG) == expected
+def test_decide_follows_the_free_cores_of_the_last_windows(
+    threads: int, max_threads: int, windows: list[Window], expected: int
+) -> None:
+    assert decide(threads, max_threads, windows, CONFIG) == expected
+
+
+def follow(threads: int, readings: list[Window], config: GovernorConfig = CONFIG) -> list[int]:
+    """The counts `decide` chooses window by window, as the governor keeps its history: the windows
+    since the last change only."""
+    chosen, since_change = [], []
+    for window in readings:
+        since_change.append(window)
+        decided = decide(threads, 2, since_change, config)
+        if decided != threads:
+            threads, since_change = decided, []
+        chosen.append(threads)
+    return chosen
+
+
+def test_load_that_comes_and_goes_every_window_costs_one_change() -> None:
+    """Flapping input: a neighbour busy every other window. The count drops once and stays down."""
+    readings = [BUSY, FREE] * 10
+    chosen = follow(2, readings)
+    assert chosen[0] == 1
+    assert set(chosen) == {1}
+
+
+def test_a_busy_start_regains_the_core_once_the_load_has_left() -> None:
+    readings = [OWN] * 5 + [FREE] * 3  # started beside a busy core (1 thread), the neighbour ends at 5
+    assert follow(1, readings) == [1, 1, 1, 1, 1, 1, 2, 2]
+
+
+def test_without_hysteresis_the_same_input_flaps() -> None:
+    """What `grow_windows` buys: at one window the alternating input changes the count every window."""
+    eager = GovernorConfig(grow_windows=1)
+    chosen = follow(2, [BUSY, FREE] * 5, eager)
+    changes = sum(a != b for a, b in zip([2, *chosen], chosen, strict=False))
+    assert changes == 10
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("window_s", 0.0), ("shrink_wait", 1.0), ("shrink_wait", 0.0), ("grow_idle_cores", 1.5)],
+    [
+        ("window_s", 0.0),
+        ("shrink_wait", 1.0),
+        ("shrink_wait", 0.0),
+        ("grow_idle_cores", 1.5),
+        ("grow_windows", 0),
+        ("shrink_windows", 1.5),
+        ("grow_windows", True),
+    ],
 )
 def test_config_rejects_out_of_range_values(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
@@ -84,8 +136,33 @@ def test_governor_follows_load_window_by_window(restore_threads: int) -> None:
     machine.advance(2.5, delay_per_thread_s=0.0, threads=1, idle_cores=0.05)
     assert governor.observe() == 1  # still loaded: the other core is busy
     machine.advance(2.5, delay_per_thread_s=0.0, threads=1, idle_cores=1.0)
-    assert governor.observe() == 2  # the load left
+    assert governor.observe() == 1  # the load left: one quiet window is no sign yet
+    machine.advance(2.5, delay_per_thread_s=0.0, threads=1, idle_cores=1.0)
+    assert governor.observe() == 2  # it stayed away
     assert torch.get_num_threads() == 2 and governor.changes == 2
+
+
+def test_a_governor_without_apply_only_keeps_the_count(restore_threads: int) -> None:
+    """The async trainer splits the count between two threads itself: the governor must not set it."""
+    machine = FakeMachine()
+    torch.set_num_threads(1)
+    governor = ThreadGovernor(
+        GovernorConfig(window_s=1.0),
+        max_threads=2,
+        clock=lambda: machine.now,
+        read_delay=lambda: machine.delay,
+        read_cpu=lambda: (machine.idle, machine.total),
+        cores=2,
+        threads=2,
+        apply=None,
+    )
+    machine.advance(1.5, delay_per_thread_s=0.6, threads=2, idle_cores=0)
+    assert governor.observe() == 1 and governor.threads == 1 and governor.changes == 1
+    for _ in range(2):
+        machine.advance(1.5, delay_per_thread_s=0.0, threads=1, idle_cores=1.0)
+        governor.observe()
+    assert governor.threads == 2
+    assert torch.get_num_threads() == 1  # the caller's own count, untouched
 
 
 def test_governor_without_counters_keeps_the_count(restore_threads: int) -> None:

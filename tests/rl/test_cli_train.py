@@ -116,6 +116,18 @@ def test_step_progress_off_a_terminal_prints_each_step_and_phase_as_it_happens()
         assert len(lines) == 3  # one line per step however wide: a log's line is not wrapped
 
 
+def test_each_step_shows_the_threads_it_ran_with() -> None:
+    config = parse_config({"envs": {"weights": {"math/arithmetic": 1.0}}, "run": {"name": "r", "steps": 5}})
+    out = Console(file=io.StringIO(), force_terminal=False, width=80)
+    with step_progress(config, "waiting", out) as (on_step, _):
+        on_step({**BASE_METRICS, "run/threads": 1.0})
+        on_step({**BASE_METRICS, "step": 3.0, "run/threads": 2.0})
+    lines = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert lines[1].endswith("9.0 s on 1 thread  (math/arithmetic 0.250)")
+    assert lines[2].endswith("9.0 s on 2 threads  (math/arithmetic 0.250)")
+    assert "push 0.10s on 2 threads" in _view_text({**BASE_METRICS, "run/threads": 2.0})
+
+
 def test_the_demo_config_gets_past_environment_resolution(tmp_path: Path) -> None:
     # bench/integer_arithmetic is built in for `tether train` too; the run then stops at the model.
     shipped = (Path(__file__).parents[2] / "configs" / "demo.toml").read_text()

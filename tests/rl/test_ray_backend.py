@@ -52,7 +52,7 @@ from .test_trainer import make_trainer, tiny_config
 
 # Wall-clock figures differ between any two runs; so do the prefix cache's hits (an engine's cache is not
 # checkpointed, and each Ray worker has its own), and with them the split of prompt tokens and the cost.
-VOLATILE = ("time/", "tokens_per_s", "sandbox/cpu_s", "tokens/prompt_", "cost/")
+VOLATILE = ("time/", "tokens_per_s", "sandbox/cpu_s", "tokens/prompt_", "cost/", "run/threads")
 
 
 def _stable(metrics: dict[str, float]) -> dict[str, float]:

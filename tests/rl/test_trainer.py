@@ -12,6 +12,7 @@ import torch
 from tether.engine.llm_engine import LLMEngine
 from tether.envs.context import ScoringContext
 from tether.models import load
+from tether.models.threads import available_cores
 from tether.rl.builders import learner_options, open_run
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.learner import Learner
@@ -60,6 +61,9 @@ def test_three_sync_steps_learn_push_and_record_per_domain(
         assert sum(per_domain) == 12
         assert {"reward/share", "reward/short", "truncation_rate", "response_tokens"} <= set(metrics)
         assert metrics["time/generate_s"] > 0 and metrics["time/learn_s"] > 0
+        # The thread count each step ran with, following the free cores (run.adapt_threads).
+        assert 1 <= metrics["run/threads"] <= available_cores()
+        assert metrics["run/threads_learner"] == metrics["run/threads"]  # sync: one thread runs it all
     assert any(m.get("domain/test/vowels/reward/share", 0) > 0 for m in history)
     # The weights moved, and the engine generates with exactly the learner's weights.
     assert trainer.engine is not None
@@ -77,3 +81,22 @@ def test_three_sync_steps_learn_push_and_record_per_domain(
         json.loads(line) for line in (tmp_path / "tiny" / "transcripts.jsonl").read_text().splitlines()
     ]
     assert len(transcripts) == 6 and {"text", "reward", "components", "prompt"} <= set(transcripts[0])
+
+
+@pytest.mark.parametrize(
+    ("run", "hooked"),
+    [({"mode": "sync"}, True), ({"mode": "async"}, False), ({"mode": "sync", "adapt_threads": False}, False)],
+)
+def test_the_engine_follows_the_trainers_governor_when_it_steps_on_the_trainers_thread(
+    tiny_model: Callable[[str], Path], tmp_path: Path, run: Mapping[str, object], hooked: bool
+) -> None:
+    """Sync mode generates on the trainer's thread: its engine consults the same governor before each
+    step. Async mode splits the count between two threads itself; without adapt_threads nothing moves."""
+    trainer = make_trainer(tiny_config(tiny_model("qwen3"), tmp_path, run=run))
+    try:
+        assert trainer.engine is not None
+        governor = trainer.threads.governor
+        assert (governor is not None) is run.get("adapt_threads", True)
+        assert (trainer.engine.runner.governor is governor and governor is not None) is hooked
+    finally:
+        trainer.close()

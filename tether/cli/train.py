@@ -81,10 +81,19 @@ def _warnings(config: TrainConfig, metrics: Metrics) -> list[str]:
     return [f"warning: {warning.message}" for warning in over_thresholds(metrics, config.monitors)]
 
 
+def _threads(metrics: Metrics) -> str:
+    """The torch threads the step ran with (they follow the free cores: `run.adapt_threads`)."""
+    if "run/threads" not in metrics:
+        return ""
+    threads = int(metrics["run/threads"])
+    return f" on {threads} thread{'s' if threads != 1 else ''}"
+
+
 def step_line(config: TrainConfig, metrics: Metrics) -> str:
     """One plain line for a step, where the output is not a terminal (a log, `make demo`)."""
     rewards = ", ".join(f"{domain} {metrics[f'domain/{domain}/reward']:.3f}" for domain in _domains(metrics))
-    line = f"{config.run.name} {_headline(config, metrics)}  {metrics['time/step_s']:.1f} s  ({rewards})"
+    seconds = f"{metrics['time/step_s']:.1f} s{_threads(metrics)}"
+    line = f"{config.run.name} {_headline(config, metrics)}  {seconds}  ({rewards})"
     return "; ".join([line, *_warnings(config, metrics)])
 
 
@@ -104,7 +113,7 @@ def step_view(config: TrainConfig, metrics: Metrics) -> Group:
             f"step {metrics['time/step_s']:.1f}s = generate {generate:.1f}s + score {score:.1f}s + "
             f"learn {learn:.1f}s + push {push:.2f}s"
         )
-    timing = Text(split, style="dim")
+    timing = Text(split + _threads(metrics), style="dim")
     cost = _cost(metrics)
     notes = [Text(cost, style="dim")] if cost is not None else []
     notes += [Text(warning, style="bold yellow") for warning in _warnings(config, metrics)]

@@ -435,6 +435,12 @@ class LLMEngine:
         """A row's logits the same whatever shares its batch (RL rollouts want that), at some speed."""
         self.runner.model.set_batch_invariant(enabled)
 
+    def follow_cores(self, governor: ThreadGovernor | None) -> None:
+        """Let `governor` set the stepping thread's torch threads before each step on CPU (a trainer
+        generating and learning on one thread shares its own); None: the count stays as it is."""
+        if self.runner.device.type == "cpu":
+            self.runner.governor = governor
+
     def named_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The weights the engine decodes with, as a weight update names them."""
         return self.runner.model.named_parameters()

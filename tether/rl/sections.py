@@ -440,6 +440,15 @@ class RunSection(Section):
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N steps (and at the end/SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (oldest removed).")
     transcripts_per_step: int = Field(2, ge=0, description="Sampled transcripts written per step.")
+    adapt_threads: bool = Field(
+        True,
+        description="Follow the cores free while training (tether.models.governor): a torch thread fewer "
+        "when ours wait for a CPU, one more when a core stands idle; recorded as run/threads. False: the "
+        "count at the start holds (results then never depend on a changing split of the matmuls).",
+    )
+    threads_window_s: float = Field(
+        2.0, gt=0, description="adapt_threads: seconds of load seen before each re-decision, at least."
+    )
 
 
 class AgentJournal(StrEnum):

@@ -41,6 +41,7 @@ from tether.rl.checkpoint import (
     truncate_metrics,
 )
 from tether.rl.config import TrainConfig, dump_config
+from tether.rl.cores import ThreadRole, TrainingThreads
 from tether.rl.cost import COST_FILE, cost_metrics, summarize
 from tether.rl.learner import Learner
 from tether.rl.metrics import add_counters, domain_metrics, staleness
@@ -72,6 +73,7 @@ class Produced:
     generate_s: float
     score_s: float
     counters: dict[str, float] = field(default_factory=dict)  # the source's events (`Generated.counters`)
+    threads: int = 1  # torch threads of the thread that generated (at the start of generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +136,6 @@ def to_samples(
     return Batch(samples, grouped.uninformative, grouped.too_few, shaped)
 
 
-def split_threads(threads: int) -> tuple[int, int]:
-    """(rollout, learner) torch threads for async mode out of `threads`: oversubscribed cores stall
-    every parallel region (`tether/models/threads.py`), and learning is the longer half of a step."""
-    rollout = max(1, threads // 2)
-    return rollout, max(1, threads - rollout)
-
-
 def sampling_params(rollout: RolloutSection) -> SamplingParams:
     return SamplingParams(
         max_tokens=rollout.max_new_tokens,
@@ -177,7 +172,11 @@ class Trainer:
         self.cursors: dict[str, int] = {}
         self.stop_requested = False
         self._pending: PendingCheckpoint | None = None  # a checkpoint still being written
-        self._rollout_threads: int | None = None  # async runs: torch threads of the rollout thread
+        # Torch threads: sized by the caller (`configure_threads`), then following the free cores.
+        split = config.run.mode is Mode.ASYNC
+        self.threads = TrainingThreads.for_run(config.run.adapt_threads, split, config.run.threads_window_s)
+        if engine is not None and not self.threads.split:  # the engine steps on this thread: it follows too
+            engine.follow_cores(self.threads.governor)
         self.weight_store = WeightStore()  # async mode: the policy versions batches are generated with
         self.params = sampling_params(config.rollout)
         if rollouts is None:
@@ -277,16 +276,18 @@ class Trainer:
             step,
             config.envs.seed_offset,
         )
-        if self._rollout_threads is not None:  # async: this runs on the rollout thread
-            torch.set_num_threads(self._rollout_threads)
+        threads = self.threads.take(ThreadRole.ROLLOUT)  # async: this runs on the rollout thread
         out = self.rollouts.generate(plans)
-        return Produced(step, out.tasks, out.rollouts, advanced, out.generate_s, out.score_s, out.counters)
+        return Produced(
+            step, out.tasks, out.rollouts, advanced, out.generate_s, out.score_s, out.counters, threads
+        )
 
     def learn(self, produced: Produced) -> tuple[Metrics, bool]:
         """One update from a produced batch; returns its metrics and whether the weights changed."""
         config = self.config
         assert produced.step == self.step, f"batch of step {produced.step} given at step {self.step}"
         start = self.clock()
+        learner_threads = self.threads.take(ThreadRole.LEARNER)
         rollouts = produced.rollouts
         # Before anything of the step is learned or recorded: a resumed run meets the same batch again.
         check_failure_rate(rollouts, config.rollout.max_infra_failure_rate)
@@ -308,6 +309,7 @@ class Trainer:
         metrics.update(domain_metrics(rollouts))
         metrics.update(self.observe(produced))
         add_counters(metrics, produced.counters)
+        metrics.update(self.threads.metrics(produced.threads, learner_threads))
         metrics.update(
             {
                 "policy_version": float(self.step),
@@ -384,12 +386,8 @@ class Trainer:
         main = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGTERM, signal.SIGINT)
         previous = {signum: signal.signal(signum, self.request_stop) for signum in stops} if main else {}
-        threads = torch.get_num_threads()
         try:
             if self.config.run.mode is Mode.ASYNC:
-                # Torch's thread count is per thread: the rollout and learner threads split the cores.
-                self._rollout_threads, learner_threads = split_threads(threads)
-                torch.set_num_threads(learner_threads)
                 history = run_async(self, on_step)
             else:
                 history = self._run_sync(on_step)
@@ -398,8 +396,7 @@ class Trainer:
             self.finish_checkpoint()
             self.write_cost()  # also when no checkpoint was written (a demo's throwaway run)
         finally:
-            torch.set_num_threads(threads)
-            self._rollout_threads = None
+            torch.set_num_threads(self.threads.total)  # async: this thread held the learner's share
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return history
