@@ -83,8 +83,10 @@ class SandboxPool:
         # Every worker started and not yet discarded, wherever it is (idle, in a run or a session, or held
         # by a caller that was cancelled), so that closing the pool stops each one.
         self._workers: set[Worker] = set()
+        self._cgroups: list[RunCgroup] = []  # empty run groups recycled by the quality check, for reuse
         self._names = itertools.count()
         self._run_ids = itertools.count()
+        self._group_ids = itertools.count()
         self._token = uuid.uuid4().hex[:8]  # keeps run cgroup names apart between pools of one process
         self._init: WorkerInit | None = None
         self._closing = False
@@ -195,6 +197,9 @@ class SandboxPool:
         workers, self._idle, self._workers = {*self._idle, *self._spares, *self._workers}, [], set()
         self._spares = []
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        for group in self._cgroups:
+            group.remove()
+        self._cgroups = []
 
     def build_request(
         self,
@@ -366,6 +371,7 @@ class SandboxPool:
             await worker.kill()
         stats = [group.stats() for group in cgroups]
         report = quality_check(worker, reply, cgroups)
+        self._cgroups.extend(report.recycled)
         result = assemble(reply, stats, compiled, error)
         result.qc, result.qc_detail, result.worker = report.status, report.reasons, worker.name
         self.status_counts[result.status] += 1
@@ -380,8 +386,13 @@ class SandboxPool:
         limits = CgroupLimits(spec.memory_mib * 1024 * 1024, spec.pids_max, spec.cpu_limit)
         groups: list[RunCgroup] = []
         try:
-            for index, _ in enumerate(request.steps):
-                group = RunCgroup(self.layout, f"{os.getpid()}-{self._token}-{request.dir_id}-{index}")
+            for _ in request.steps:
+                if self._cgroups:
+                    group = self._cgroups.pop()
+                    groups.append(group)
+                    group.apply(limits)
+                    continue
+                group = RunCgroup(self.layout, f"{os.getpid()}-{self._token}-g{next(self._group_ids)}")
                 groups.append(group)
                 group.create(limits)
         except OSError:
