@@ -1,8 +1,8 @@
 """The quality check after every run: proof that the run left its worker as clean as it found it.
 
 A run passes when no process of it survives in its cgroups, every cgroup was recycled for the next run
-or removed, the worker is alive and answered, and the worker's fingerprint (its processes, mounts, descriptors and staging area)
-equals the one it had when it started. A failed check discards the worker.
+or removed, the worker is alive and answered, and the worker's fingerprint (its processes, mounts,
+descriptors and staging area) equals the one it had when it started. A failed check discards the worker.
 """
 
 from __future__ import annotations
