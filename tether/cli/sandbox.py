@@ -252,8 +252,13 @@ async def _bench(
 
 
 def bench_table(result: dict[str, object]) -> Table:
+    machine: dict[str, Any] = result["machine"]  # type: ignore[assignment]
     table = Table(
-        title=f"sandbox throughput: {result['snippet']} ({result['slots']} slots, {result['cpus']} CPUs)"
+        title=f"sandbox throughput: {result['snippet']} ({result['slots']} slots, {result['cpus']} CPUs)",
+        caption=(
+            f"{machine['cpu']} ({', '.join(machine['vector_extensions']) or 'no vector extensions'}); "
+            f"load average {machine['load_average_start']} -> {machine['load_average_end']}"
+        ),
     )
     for column in ("mode", "exec/s", "p50 ms", "p99 ms"):
         table.add_column(column, justify="right")
@@ -294,3 +299,5 @@ def bench_command(
         print_json(result)
     else:
         console.print(bench_table(result))
+    for warning in result["warnings"]:  # type: ignore[attr-defined]
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)

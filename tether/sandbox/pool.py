@@ -3,9 +3,11 @@
     async with SandboxPool(SandboxSpec(timeout_s=5)) as pool:
         result = await pool.run("print(1)", language="python")
 
-Each slot is one worker (see `zygote.py`). A run takes a slot, gets fresh cgroups from the host, runs,
-and is checked: a worker whose fingerprint changed, or whose run left a process behind, is discarded
-and replaced, never reused. The pool knows nothing of HTTP; `server.py` puts it on the network.
+Each slot is one worker (see `zygote.py`). The workers start in parallel and `start` returns once the
+first is up: each slot opens as its worker comes up, so a first run never waits for the last worker
+(`warmed` waits for them all). A run takes a slot, gets empty cgroups from the host, runs, and is
+checked: a worker whose fingerprint changed, or whose run left a process behind, is discarded and
+replaced, never reused. The pool knows nothing of HTTP; `server.py` puts it on the network.
 """
 
 from __future__ import annotations
@@ -77,7 +79,10 @@ class SandboxPool:
         self.config = config or PoolConfig()
         self.languages = dict(languages or default_languages(self.config.python_executable))
         self.layout: CgroupLayout | None = None
-        self._queue = FairQueue(self.config.slots)
+        self._queue = FairQueue(self.config.slots, free=0)  # each slot opens once its worker is up
+        self._warming = self.config.slots  # slots whose first worker is still starting
+        self._first_starts: list[asyncio.Task[None]] = []
+        self._up = False  # `start` returned: a first worker that fails to start is retried from now
         self._idle: list[Worker] = []
         self._spares: list[Worker] = []  # started, holding no slot: `config.warm_target` of them
         # Every worker started and not yet discarded, wherever it is (idle, in a run or a session, or held
@@ -117,7 +122,7 @@ class SandboxPool:
 
     @property
     def busy_slots(self) -> int:
-        return self.config.slots - self._queue.free_slots
+        return self.config.slots - self._queue.free_slots - self._warming
 
     def describe_slots(self) -> str:
         """Who holds the slots, for messages: `2 of 2 slots held by open sessions, 0 by runs`."""
@@ -165,15 +170,40 @@ class SandboxPool:
             skeleton_dir="",
         )
         count = self.config.slots + self.config.warm_target
-        workers = await asyncio.gather(*(self._new_worker() for _ in range(count)), return_exceptions=True)
-        failures = [w for w in workers if isinstance(w, BaseException)]
-        started = [w for w in workers if isinstance(w, Worker)]
-        if failures:
-            await asyncio.gather(*(w.kill() for w in started))
-            raise SandboxUnavailable(f"sandbox workers failed to start: {failures[0]}") from failures[0]
-        self._idle.extend(started[: self.config.slots])
-        self._spares.extend(started[self.config.slots :])
+        starts = [asyncio.ensure_future(self._first_start(i < self.config.slots)) for i in range(count)]
+        self._first_starts = starts
+        done, _ = await asyncio.wait(starts, return_when=asyncio.FIRST_COMPLETED)
+        failure = next((failed for task in done if (failed := task.exception()) is not None), None)
+        if failure is not None:  # a worker that cannot start here says so now, not at the first run
+            for task in starts:
+                task.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
+            await asyncio.gather(*(w.kill() for w in self._workers))
+            self._workers, self._idle, self._spares = set(), [], []
+            raise SandboxUnavailable(f"sandbox workers failed to start: {failure}") from failure
+        self._up = True
+        for task in starts:
+            self._track(task)
         self._spawn(self._expire_sessions())
+
+    async def warmed(self) -> None:
+        """Wait until the first worker of every slot and spare is up (a run never needs to)."""
+        await asyncio.gather(*self._first_starts)
+
+    async def _first_start(self, into_slot: bool) -> None:
+        """Start one of the pool's first workers. Once the pool is up (`start` returned), a failure is
+        retried as a replacement would be; before, it is the pool's start that failed."""
+        try:
+            worker = await self._new_worker()
+        except (TimeoutError, WorkerError, OSError):
+            if not self._up:
+                raise
+            await self._start_into(into_slot)
+        else:
+            (self._idle if into_slot else self._spares).append(worker)
+        if into_slot:
+            self._warming -= 1
+            self._queue.release()
 
     async def _new_worker(self) -> Worker:
         assert self._init is not None
@@ -282,7 +312,8 @@ class SandboxPool:
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
         request.collect = [sandbox_path(path, "collect", self.config.workdir) for path in collect]
         bound = self.config.max_queued
-        if bound is not None and self._queue.free_slots == 0 and self._queue.depth >= bound:
+        # A slot still warming up takes a waiting run as soon as its worker is up: it is not a full queue.
+        if bound is not None and self._queue.free_slots == 0 and self._queue.depth >= bound + self._warming:
             raise NoFreeSlot(
                 f"the run queue is full ({self.queue_depth} of max_queued={bound} waiting; "
                 f"{self.describe_slots()}); retry later",
@@ -413,7 +444,10 @@ class SandboxPool:
             self._spawn(self._replace(worker, into_slot=True))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
+        self._track(asyncio.ensure_future(coroutine))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a background task until it ends, so that closing the pool cancels it."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -423,20 +457,26 @@ class SandboxPool:
         await worker.kill()
         self._workers.discard(worker)
         self.workers_replaced += 1
-        delay = 0.1
-        while not self._closing:
-            try:
-                fresh = await self._new_worker()
-                self.worker_starts += 1
-                (self._idle if into_slot else self._spares).append(fresh)
-                break
-            except (TimeoutError, WorkerError, OSError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        if await self._start_into(into_slot):
+            self.worker_starts += 1
         if into_slot:
             if self._queue.depth:
                 self.cold_starts += 1
             self._queue.release()
+
+    async def _start_into(self, into_slot: bool) -> bool:
+        """Start a worker into the idle list (`into_slot`) or the spares, retrying with backoff until
+        one starts (True) or the pool closes (False)."""
+        delay = 0.1
+        while not self._closing:
+            try:
+                fresh = await self._new_worker()
+                (self._idle if into_slot else self._spares).append(fresh)
+                return True
+            except (TimeoutError, WorkerError, OSError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        return False
 
     async def health(self) -> QualityReport:
         """Run a trivial program through the pool and report whether it came back clean."""
