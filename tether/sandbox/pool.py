@@ -35,15 +35,15 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
-from tether.sandbox.paths import PROGRAM_DIR
 from tether.sandbox.pool_config import DEVICE_NODES
 from tether.sandbox.pool_config import PoolConfig as PoolConfig  # re-exported: its historical home
-from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
+from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
+from tether.sandbox.run_request import build_run_request
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
+from tether.sandbox.spec import SandboxSpec, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 logger = logging.getLogger(__name__)
@@ -62,10 +62,6 @@ class NoFreeSlot(TetherError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def _encode(data: str | bytes, field: str) -> str:
-    return protocol.b64encode(checked_text(data, field).encode() if isinstance(data, str) else data)
 
 
 class SandboxPool:
@@ -242,57 +238,11 @@ class SandboxPool:
         dir_id: str | None = None,
         keep_dir: bool = False,
     ) -> tuple[RunRequest, bool]:
-        """The worker request for one run (pure): source file, compile step if any, run step.
-
-        A one-shot run's program is written into its working directory, where SandboxFusion puts it too
-        (so relative imports, includes and `__file__` behave as there); a kept directory (a session's)
-        belongs to its user, so the program goes to PROGRAM_DIR instead and never overwrites their files.
-        """
+        """The worker request for one run (see `run_request.py`) and whether it compiles first."""
         lang = lookup(self.languages, language)
-        program = {lang.source_file: _encode(code, "code")}
-        if keep_dir:
-            lang = lang.placed_in(PROGRAM_DIR)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": self.config.workdir,
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "USER": "sandbox",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **spec.env,
-        }
-        all_files = {
-            sandbox_path(name, "files", self.config.workdir): _encode(content, f"files[{name!r}]")
-            for name, content in files.items()
-        }
-
-        def step(
-            argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
-        ) -> StepRequest:
-            return StepRequest(
-                argv=list(argv),
-                inline_python=inline,
-                stdin_b64=_encode(stdin_data, "stdin"),
-                env=env,
-                timeout_s=timeout_s,
-                output_limit_bytes=spec.output_limit_bytes,
-                cpu_time_limit_s=spec.cpu_time_limit_s(timeout_s),
-                open_files_max=spec.open_files_max,
-                file_size_max_bytes=spec.disk_mib * 1024 * 1024,
-            )
-
-        steps = []
-        if lang.compile_argv is not None:
-            steps.append(step(lang.compile_argv, spec.compile_timeout_s))
-        inline = os.path.join(self.config.workdir, lang.source_file) if lang.warm_python and warm else None
-        steps.append(step(lang.run_argv, spec.timeout_s, inline, stdin))
-        request = RunRequest(
-            dir_id=dir_id or f"r{next(self._run_ids)}",
-            disk_mib=spec.disk_mib,
-            files=all_files if keep_dir else {**all_files, **program},
-            steps=steps,
-            program=program if keep_dir else {},
-            keep_dir=keep_dir,
+        run_id = dir_id or f"r{next(self._run_ids)}"
+        request = build_run_request(
+            lang, self.config.workdir, run_id, code, stdin, files, spec, warm, keep_dir
         )
         return request, lang.compile_argv is not None
 
