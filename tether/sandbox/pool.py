@@ -168,6 +168,8 @@ class SandboxPool:
         count = self.config.slots + self.config.warm_target
         starts = [asyncio.ensure_future(self._first_start(i < self.config.slots)) for i in range(count)]
         self._first_starts = starts
+        for task in starts:  # from now: closing the pool, even during this start, cancels them
+            self._track(task)
         done, _ = await asyncio.wait(starts, return_when=asyncio.FIRST_COMPLETED)
         failure = next((failed for task in done if (failed := task.exception()) is not None), None)
         if failure is not None:  # a worker that cannot start here says so now, not at the first run
@@ -178,8 +180,6 @@ class SandboxPool:
             self._workers, self._idle, self._spares = set(), [], []
             raise SandboxUnavailable(f"sandbox workers failed to start: {failure}") from failure
         self._up = True
-        for task in starts:
-            self._track(task)
         self._spawn(self._expire_sessions())
 
     async def warmed(self) -> None:
