@@ -18,6 +18,7 @@ SLEEP = {"code": "import time; time.sleep(1.5)"}
 async def test_load_reports_slots_runs_queue_sessions_and_warm_workers() -> None:
     config = PoolConfig(slots=2, warm_target=1, instance_name="sandbox-7", max_queued=5)
     async with SandboxPool(SandboxSpec(timeout_s=10), config) as pool:
+        await pool.warmed()
         transport = httpx.ASGITransport(app=create_app(pool))
         async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
             idle = (await http.get("/v1/load")).json()
@@ -94,6 +95,7 @@ async def test_warm_spares_let_a_burst_right_after_another_start_without_waiting
     # Every run discards its worker (max_runs_per_worker=1), the worst case for a following burst.
     config = PoolConfig(slots=2, warm_target=warm_target, max_runs_per_worker=1)
     async with SandboxPool(SandboxSpec(timeout_s=10), config) as pool:
+        await pool.warmed()  # the spares of the pool's start, before the bursts that use them up
         await burst(pool, 2)
         await burst(pool, 2)  # right after: its slots' workers were discarded a moment ago
         cold_starts = pool.cold_starts

@@ -61,3 +61,22 @@ async def test_cancelled_waiter_does_not_leak_a_slot() -> None:
 def test_zero_slots_is_an_error() -> None:
     with pytest.raises(ValueError, match="slots must be at least 1, got 0"):
         FairQueue(0)
+
+
+async def test_slots_not_free_at_first_open_one_by_one_as_they_are_released() -> None:
+    queue = FairQueue(2, free=0)
+    waiting = [asyncio.ensure_future(queue.acquire(client)) for client in ("a", "b")]
+    await asyncio.sleep(0)
+    assert not any(task.done() for task in waiting) and queue.depth == 2
+    queue.release()  # the first slot's worker is up
+    await asyncio.sleep(0)
+    assert [task.done() for task in waiting] == [True, False]
+    queue.release()
+    await asyncio.gather(*waiting)
+    assert queue.free_slots == 0 and queue.depth == 0
+
+
+@pytest.mark.parametrize("free", [-1, 3])
+def test_a_free_count_outside_the_slots_is_refused_by_name(free: int) -> None:
+    with pytest.raises(ValueError, match=f"free must be between 0 and slots=2, got {free}"):
+        FairQueue(2, free=free)

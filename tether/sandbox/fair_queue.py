@@ -13,10 +13,14 @@ from contextlib import asynccontextmanager
 
 
 class FairQueue:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, free: int | None = None) -> None:
+        """`free`: the slots free at first (default: all); the others are freed by `release` as they
+        come up (a pool's slots whose workers are still starting)."""
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
-        self._free = slots
+        if free is not None and not 0 <= free <= slots:
+            raise ValueError(f"free must be between 0 and slots={slots}, got {free}")
+        self._free = slots if free is None else free
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
 
     @property

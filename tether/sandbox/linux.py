@@ -6,11 +6,12 @@ Only system calls live here; what to call, in which order, is decided by `isolat
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from enum import IntFlag
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The process's own symbols, libc's among them: `ctypes.util.find_library` would run ldconfig in a
+# subprocess at every worker start.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class Clone(IntFlag):

@@ -3,9 +3,11 @@
     async with SandboxPool(SandboxSpec(timeout_s=5)) as pool:
         result = await pool.run("print(1)", language="python")
 
-Each slot is one worker (see `zygote.py`). A run takes a slot, gets fresh cgroups from the host, runs,
-and is checked: a worker whose fingerprint changed, or whose run left a process behind, is discarded
-and replaced, never reused. The pool knows nothing of HTTP; `server.py` puts it on the network.
+Each slot is one worker (see `zygote.py`). The workers start in parallel and `start` returns once the
+first is up: each slot opens as its worker comes up, so a first run never waits for the last worker
+(`warmed` waits for them all). A run takes a slot, gets empty cgroups from the host, runs, and is
+checked: a worker whose fingerprint changed, or whose run left a process behind, is discarded and
+replaced, never reused. The pool knows nothing of HTTP; `server.py` puts it on the network.
 """
 
 from __future__ import annotations
@@ -33,15 +35,15 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
-from tether.sandbox.paths import PROGRAM_DIR
 from tether.sandbox.pool_config import DEVICE_NODES
 from tether.sandbox.pool_config import PoolConfig as PoolConfig  # re-exported: its historical home
-from tether.sandbox.protocol import RunReply, RunRequest, StepRequest, WorkerInit
+from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 from tether.sandbox.qc import QualityReport, quality_check
 from tether.sandbox.result import RunResult, RunStatus, assemble
+from tether.sandbox.run_request import build_run_request
 from tether.sandbox.seccomp import compile_bpf
 from tether.sandbox.session import SandboxSession, SessionClosed
-from tether.sandbox.spec import SandboxSpec, checked_text, sandbox_path
+from tether.sandbox.spec import SandboxSpec, sandbox_path
 from tether.sandbox.worker import IdMap, Worker, WorkerError, remove_stale_skeletons
 
 logger = logging.getLogger(__name__)
@@ -62,10 +64,6 @@ class NoFreeSlot(TetherError):
         self.retry_after_s = retry_after_s
 
 
-def _encode(data: str | bytes, field: str) -> str:
-    return protocol.b64encode(checked_text(data, field).encode() if isinstance(data, str) else data)
-
-
 class SandboxPool:
     def __init__(
         self,
@@ -77,14 +75,19 @@ class SandboxPool:
         self.config = config or PoolConfig()
         self.languages = dict(languages or default_languages(self.config.python_executable))
         self.layout: CgroupLayout | None = None
-        self._queue = FairQueue(self.config.slots)
+        self._queue = FairQueue(self.config.slots, free=0)  # each slot opens once its worker is up
+        self._warming = self.config.slots  # slots whose first worker is still starting
+        self._first_starts: list[asyncio.Task[None]] = []
+        self._up = False  # `start` returned: a first worker that fails to start is retried from now
         self._idle: list[Worker] = []
         self._spares: list[Worker] = []  # started, holding no slot: `config.warm_target` of them
         # Every worker started and not yet discarded, wherever it is (idle, in a run or a session, or held
         # by a caller that was cancelled), so that closing the pool stops each one.
         self._workers: set[Worker] = set()
+        self._cgroups: list[RunCgroup] = []  # empty run groups recycled by the quality check, for reuse
         self._names = itertools.count()
         self._run_ids = itertools.count()
+        self._group_ids = itertools.count()
         self._token = uuid.uuid4().hex[:8]  # keeps run cgroup names apart between pools of one process
         self._init: WorkerInit | None = None
         self._closing = False
@@ -115,7 +118,7 @@ class SandboxPool:
 
     @property
     def busy_slots(self) -> int:
-        return self.config.slots - self._queue.free_slots
+        return self.config.slots - self._queue.free_slots - self._warming
 
     def describe_slots(self) -> str:
         """Who holds the slots, for messages: `2 of 2 slots held by open sessions, 0 by runs`."""
@@ -163,15 +166,40 @@ class SandboxPool:
             skeleton_dir="",
         )
         count = self.config.slots + self.config.warm_target
-        workers = await asyncio.gather(*(self._new_worker() for _ in range(count)), return_exceptions=True)
-        failures = [w for w in workers if isinstance(w, BaseException)]
-        started = [w for w in workers if isinstance(w, Worker)]
-        if failures:
-            await asyncio.gather(*(w.kill() for w in started))
-            raise SandboxUnavailable(f"sandbox workers failed to start: {failures[0]}") from failures[0]
-        self._idle.extend(started[: self.config.slots])
-        self._spares.extend(started[self.config.slots :])
+        starts = [asyncio.ensure_future(self._first_start(i < self.config.slots)) for i in range(count)]
+        self._first_starts = starts
+        for task in starts:  # from now: closing the pool, even during this start, cancels them
+            self._track(task)
+        done, _ = await asyncio.wait(starts, return_when=asyncio.FIRST_COMPLETED)
+        failure = next((failed for task in done if (failed := task.exception()) is not None), None)
+        if failure is not None:  # a worker that cannot start here says so now, not at the first run
+            for task in starts:
+                task.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
+            await asyncio.gather(*(w.kill() for w in self._workers))
+            self._workers, self._idle, self._spares = set(), [], []
+            raise SandboxUnavailable(f"sandbox workers failed to start: {failure}") from failure
+        self._up = True
         self._spawn(self._expire_sessions())
+
+    async def warmed(self) -> None:
+        """Wait until the first worker of every slot and spare is up (a run never needs to)."""
+        await asyncio.gather(*self._first_starts)
+
+    async def _first_start(self, into_slot: bool) -> None:
+        """Start one of the pool's first workers. Once the pool is up (`start` returned), a failure is
+        retried as a replacement would be; before, it is the pool's start that failed."""
+        try:
+            worker = await self._new_worker()
+        except (TimeoutError, WorkerError, OSError):
+            if not self._up:
+                raise
+            await self._start_into(into_slot)
+        else:
+            (self._idle if into_slot else self._spares).append(worker)
+        if into_slot:
+            self._warming -= 1
+            self._queue.release()
 
     async def _new_worker(self) -> Worker:
         assert self._init is not None
@@ -195,6 +223,9 @@ class SandboxPool:
         workers, self._idle, self._workers = {*self._idle, *self._spares, *self._workers}, [], set()
         self._spares = []
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        for group in self._cgroups:
+            group.remove()
+        self._cgroups = []
 
     def build_request(
         self,
@@ -207,57 +238,11 @@ class SandboxPool:
         dir_id: str | None = None,
         keep_dir: bool = False,
     ) -> tuple[RunRequest, bool]:
-        """The worker request for one run (pure): source file, compile step if any, run step.
-
-        A one-shot run's program is written into its working directory, where SandboxFusion puts it too
-        (so relative imports, includes and `__file__` behave as there); a kept directory (a session's)
-        belongs to its user, so the program goes to PROGRAM_DIR instead and never overwrites their files.
-        """
+        """The worker request for one run (see `run_request.py`) and whether it compiles first."""
         lang = lookup(self.languages, language)
-        program = {lang.source_file: _encode(code, "code")}
-        if keep_dir:
-            lang = lang.placed_in(PROGRAM_DIR)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": self.config.workdir,
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "USER": "sandbox",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **spec.env,
-        }
-        all_files = {
-            sandbox_path(name, "files", self.config.workdir): _encode(content, f"files[{name!r}]")
-            for name, content in files.items()
-        }
-
-        def step(
-            argv: Sequence[str], timeout_s: float, inline: str | None = None, stdin_data: str | bytes = ""
-        ) -> StepRequest:
-            return StepRequest(
-                argv=list(argv),
-                inline_python=inline,
-                stdin_b64=_encode(stdin_data, "stdin"),
-                env=env,
-                timeout_s=timeout_s,
-                output_limit_bytes=spec.output_limit_bytes,
-                cpu_time_limit_s=spec.cpu_time_limit_s(timeout_s),
-                open_files_max=spec.open_files_max,
-                file_size_max_bytes=spec.disk_mib * 1024 * 1024,
-            )
-
-        steps = []
-        if lang.compile_argv is not None:
-            steps.append(step(lang.compile_argv, spec.compile_timeout_s))
-        inline = os.path.join(self.config.workdir, lang.source_file) if lang.warm_python and warm else None
-        steps.append(step(lang.run_argv, spec.timeout_s, inline, stdin))
-        request = RunRequest(
-            dir_id=dir_id or f"r{next(self._run_ids)}",
-            disk_mib=spec.disk_mib,
-            files=all_files if keep_dir else {**all_files, **program},
-            steps=steps,
-            program=program if keep_dir else {},
-            keep_dir=keep_dir,
+        run_id = dir_id or f"r{next(self._run_ids)}"
+        request = build_run_request(
+            lang, self.config.workdir, run_id, code, stdin, files, spec, warm, keep_dir
         )
         return request, lang.compile_argv is not None
 
@@ -277,7 +262,8 @@ class SandboxPool:
         request, compiled = self.build_request(code, language, stdin, files or {}, spec, warm)
         request.collect = [sandbox_path(path, "collect", self.config.workdir) for path in collect]
         bound = self.config.max_queued
-        if bound is not None and self._queue.free_slots == 0 and self._queue.depth >= bound:
+        # A slot still warming up takes a waiting run as soon as its worker is up: it is not a full queue.
+        if bound is not None and self._queue.free_slots == 0 and self._queue.depth >= bound + self._warming:
             raise NoFreeSlot(
                 f"the run queue is full ({self.queue_depth} of max_queued={bound} waiting; "
                 f"{self.describe_slots()}); retry later",
@@ -366,6 +352,7 @@ class SandboxPool:
             await worker.kill()
         stats = [group.stats() for group in cgroups]
         report = quality_check(worker, reply, cgroups)
+        self._cgroups.extend(report.recycled)
         result = assemble(reply, stats, compiled, error)
         result.qc, result.qc_detail, result.worker = report.status, report.reasons, worker.name
         self.status_counts[result.status] += 1
@@ -380,8 +367,13 @@ class SandboxPool:
         limits = CgroupLimits(spec.memory_mib * 1024 * 1024, spec.pids_max, spec.cpu_limit)
         groups: list[RunCgroup] = []
         try:
-            for index, _ in enumerate(request.steps):
-                group = RunCgroup(self.layout, f"{os.getpid()}-{self._token}-{request.dir_id}-{index}")
+            for _ in request.steps:
+                if self._cgroups:
+                    group = self._cgroups.pop()
+                    groups.append(group)
+                    group.apply(limits)
+                    continue
+                group = RunCgroup(self.layout, f"{os.getpid()}-{self._token}-g{next(self._group_ids)}")
                 groups.append(group)
                 group.create(limits)
         except OSError:
@@ -402,7 +394,10 @@ class SandboxPool:
             self._spawn(self._replace(worker, into_slot=True))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
+        self._track(asyncio.ensure_future(coroutine))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a background task until it ends, so that closing the pool cancels it."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -412,20 +407,26 @@ class SandboxPool:
         await worker.kill()
         self._workers.discard(worker)
         self.workers_replaced += 1
-        delay = 0.1
-        while not self._closing:
-            try:
-                fresh = await self._new_worker()
-                self.worker_starts += 1
-                (self._idle if into_slot else self._spares).append(fresh)
-                break
-            except (TimeoutError, WorkerError, OSError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        if await self._start_into(into_slot):
+            self.worker_starts += 1
         if into_slot:
             if self._queue.depth:
                 self.cold_starts += 1
             self._queue.release()
+
+    async def _start_into(self, into_slot: bool) -> bool:
+        """Start a worker into the idle list (`into_slot`) or the spares, retrying with backoff until
+        one starts (True) or the pool closes (False)."""
+        delay = 0.1
+        while not self._closing:
+            try:
+                fresh = await self._new_worker()
+                (self._idle if into_slot else self._spares).append(fresh)
+                return True
+            except (TimeoutError, WorkerError, OSError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        return False
 
     async def health(self) -> QualityReport:
         """Run a trivial program through the pool and report whether it came back clean."""

@@ -20,6 +20,11 @@ from tether.sandbox import protocol
 from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 
 SKELETON_PREFIX = "tether-root-"
+# The folder holding this `tether` package: the worker imports the very code the host runs from it.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Without `site` (-S): the worker needs only the standard library and this package, and a site with
+# editable installs and .pth files costs a large share of an interpreter's start.
+ZYGOTE_ENTRY = "import sys; sys.path.insert(0, sys.argv[1]); from tether.sandbox.zygote import main; main()"
 
 
 def remove_stale_skeletons() -> int:
@@ -107,8 +112,10 @@ class Worker:
         self.process = await asyncio.create_subprocess_exec(
             self.python_executable,
             "-I",
-            "-m",
-            "tether.sandbox.zygote",
+            "-S",
+            "-c",
+            ZYGOTE_ENTRY,
+            PACKAGE_ROOT,
             str(control_child.fileno()),
             str(fds_child.fileno()),
             pass_fds=(control_child.fileno(), fds_child.fileno()),

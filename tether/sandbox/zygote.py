@@ -1,6 +1,6 @@
 """The sandbox worker: enters its namespaces once, pivots into the read-only root, then serves runs.
 
-Started by the host (`worker.py`) as `python -I -m tether.sandbox.zygote CTRL_FD FDS_FD`. The launcher
+Started by the host (`worker.py`) as `python -I -S -c ENTRY PACKAGE_ROOT CTRL_FD FDS_FD`. The launcher
 process takes new user, mount, network, IPC, UTS and PID namespaces, waits for the host to write its
 uid/gid maps, and forks the zygote, PID 1 of the worker's PID namespace, so that killing the launcher
 (or the host dying) takes every run with it. The zygote starts the fork server (which preloads the
@@ -406,8 +406,8 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
 
 
 def main() -> None:
-    control = socket.socket(fileno=int(sys.argv[1]))
-    fd_channel = socket.socket(fileno=int(sys.argv[2]))
+    control = socket.socket(fileno=int(sys.argv[-2]))
+    fd_channel = socket.socket(fileno=int(sys.argv[-1]))
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     init = WorkerInit(**protocol.recv_frame(control))
     try:
