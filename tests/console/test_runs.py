@@ -27,6 +27,16 @@ from tether.rl.rollout import Rollout
 
 DOMAINS = {"math/arithmetic": ("correct", "format"), "code/python": ("tests", "style")}
 PROMPTS = {"math/arithmetic": "What is 17 * 23?", "code/python": "Write fizzbuzz(n) in Python."}
+ANSWERS = {  # (wrong, right)
+    "math/arithmetic": (
+        "17 * 23 = 17 * 20 + 17 * 3 = 340 + 41 = 381",
+        "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391",
+    ),
+    "code/python": (
+        "def fizzbuzz(n):\n    return 'Fizz' if n % 3 == 0 else str(n)",
+        "def fizzbuzz(n):\n    return 'Fizz' * (n % 3 == 0) + 'Buzz' * (n % 5 == 0) or str(n)",
+    ),
+}
 
 
 def _rollouts(step: int, rng: random.Random, per_domain: int = 4) -> list[Rollout]:
@@ -50,7 +60,7 @@ def _rollouts(step: int, rng: random.Random, per_domain: int = 4) -> list[Rollou
                     logprobs=[-0.5] * tokens,
                     versions=[step - 1] * tokens,
                     finish_reason="length" if tokens >= 96 else "stop",
-                    text=f"answer {step}.{seed}: {'391' if parts[first] else '381'}",
+                    text=ANSWERS[env][int(parts[first])],
                     reward=0.7 * parts[first] + 0.3 * parts[second],
                     components=parts,
                     passed=parts[first] == 1.0,

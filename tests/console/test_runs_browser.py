@@ -88,4 +88,13 @@ def test_a_thousand_step_run_page_loads_in_under_300_ms(tmp_path: Path, page: ob
             page.wait_for_selector(f"{REWARD_CHART}[data-points]")
             times.append(load_ms(page))
         assert statistics.median(times) < 300, times
+        page.select_option("select[name=qc]", "violations")
+        page.click("form.form button")  # htmx swaps the transcripts in place, filtered on the server
+        page.wait_for_function(
+            "() => !document.querySelector('#transcripts p').textContent.startsWith('2000 ')"
+        )
+        assert (
+            page.locator("#transcripts .transcript").count()
+            == page.locator("#transcripts .badge.failed").count()
+        )
         page.screenshot(path=shots / "run-page.png", full_page=True)
