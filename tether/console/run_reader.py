@@ -39,6 +39,11 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 STALE_AFTER_S = 120.0  # how long a run may write nothing before it is no longer called running
 
 
+class RunKind(StrEnum):
+    TRAIN = "train"  # a run directory of `tether train` / `tether demo`
+    EVAL = "eval"  # the episodes and summary files of one `tether eval`
+
+
 class RunStatus(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
@@ -56,10 +61,12 @@ class RunSummary:
     reward: float | None  # the last step's mean reward
     started_at: float | None  # when config.toml was written (the run started or resumed)
     updated_at: float | None  # the newest write of any of its files
+    kind: RunKind = RunKind.TRAIN
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "kind": self.kind.value,
             "path": str(self.path),
             "status": self.status.value,
             "step": self.step,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -136,9 +136,15 @@ class TranscriptPage:
         return {"page": self.page, "pages": self.pages, "matching": self.matching, "transcripts": self.rows}
 
 
-def transcript_page(path: Path, chosen: TranscriptFilter, page_size: int = PAGE_SIZE) -> TranscriptPage:
-    """The `chosen.page`-th page of the rows that pass the filter, newest step first. Only the page's
-    rows are kept whole; a half-written last line is skipped."""
+def transcript_page(
+    path: Path,
+    chosen: TranscriptFilter,
+    page_size: int = PAGE_SIZE,
+    shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> TranscriptPage:
+    """The `chosen.page`-th page of the rows that pass the filter, newest step first (`shape`: turns a
+    line of another file, e.g. an eval's episode, into a transcript row first). Only the page's rows are
+    kept whole; a half-written last line is skipped."""
     try:
         lines = path.read_bytes().split(b"\n")[
             :-1
@@ -159,6 +165,8 @@ def transcript_page(path: Path, chosen: TranscriptFilter, page_size: int = PAGE_
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if shape is not None:
+            row = shape(row)
         if not chosen.admits(row):
             continue
         if first <= matching < first + page_size:

@@ -18,14 +18,18 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from sse_starlette.sse import EventSourceResponse
 
+from tether.console.errors import ConsoleError, bad_input
 from tether.console.pages import render
 from tether.console.run_charts import STEP, chart_plans, points, run_domains, thin
+from tether.console.run_evals import episode_row, find_eval, list_evals, read_summary, summarize_eval
 from tether.console.run_reader import (
     METRICS,
     TRANSCRIPTS,
     MetricsCache,
     RunFiles,
     RunStatus,
+    RunSummary,
+    check_name,
     find_run,
     list_runs,
     read_rows,
@@ -36,18 +40,25 @@ from tether.console.run_transcripts import TranscriptFilter, TranscriptPage, tra
 from tether.console.state import Console
 
 
-def _transcripts(
-    run_dir: Path, rows_domains: list[str], request: Request
-) -> tuple[TranscriptFilter, TranscriptPage]:
+def _filter(request: Request, run_domains: list[str]) -> TranscriptFilter:
     given = request.query_params
-    chosen = TranscriptFilter.parse(
+    return TranscriptFilter.parse(
         given.get("domain"),
         given.get("min_reward"),
         given.get("max_reward"),
         given.get("qc"),
         given.get("page"),
-    ).check(rows_domains)
-    return chosen, transcript_page(run_dir / TRANSCRIPTS, chosen)
+    ).check(run_domains)
+
+
+def _eval_domains(episodes: Path) -> list[str]:
+    summary = read_summary(episodes) or {}
+    named = [str(row.get("env")) for row in summary.get("domains", []) if isinstance(row, dict)]
+    return named or sorted({str(row.get("env")) for row in read_rows(episodes)[0]})
+
+
+def _no_curves(name: str) -> ConsoleError:
+    return bad_input(f"run {name!r} is a `tether eval` output: it has no training curves", "name")
 
 
 def _sections(files: RunFiles) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -64,6 +75,34 @@ def router(console: Console) -> APIRouter:
     roots = console.config.runs
     metrics = MetricsCache()
 
+    def every_run() -> list[RunSummary]:
+        now = time.time()
+        found = list_runs(roots, now) + list_evals(roots, now)
+        return sorted(found, key=lambda run: run.updated_at or 0.0, reverse=True)
+
+    def transcripts(request: Request, name: str) -> tuple[TranscriptFilter, TranscriptPage]:
+        episodes = find_eval(roots, check_name(name))
+        if episodes is not None:
+            chosen = _filter(request, _eval_domains(episodes))
+            return chosen, transcript_page(episodes, chosen, shape=episode_row)
+        run_dir = find_run(roots, name)
+        chosen = _filter(request, run_domains(metrics.rows(run_dir)))
+        return chosen, transcript_page(run_dir / TRANSCRIPTS, chosen)
+
+    def eval_page(request: Request, episodes: Path) -> HTMLResponse:
+        chosen, page = transcripts(request, episodes.stem)
+        return render(
+            console.jinja,
+            request,
+            "runs_eval.html",
+            active="runs",
+            run=summarize_eval(episodes, time.time()),
+            summary=read_summary(episodes),
+            domains=_eval_domains(episodes),
+            chosen=chosen,
+            transcripts=page,
+        )
+
     @routes.get("/runs", response_class=HTMLResponse)
     async def runs_page(request: Request) -> HTMLResponse:
         runs = list_runs(roots, time.time())
@@ -71,14 +110,17 @@ def router(console: Console) -> APIRouter:
 
     @routes.get("/api/runs")
     async def runs_json() -> dict[str, Any]:
-        return {"runs": [run.to_dict() for run in list_runs(roots, time.time())]}
+        return {"runs": [run.to_dict() for run in every_run()]}
 
     @routes.get("/runs/{name}", response_class=HTMLResponse)
     async def run_page(request: Request, name: str) -> HTMLResponse:
+        episodes = find_eval(roots, check_name(name))
+        if episodes is not None:
+            return eval_page(request, episodes)
         run_dir = find_run(roots, name)
         files = read_run(run_dir, time.time(), metrics.rows(run_dir))
         names = run_domains(files.rows)
-        chosen, page = _transcripts(run_dir, names, request)
+        chosen, page = transcripts(request, name)
         return render(
             console.jinja,
             request,
@@ -95,14 +137,16 @@ def router(console: Console) -> APIRouter:
 
     @routes.get("/runs/{name}/transcripts", response_class=HTMLResponse)
     async def transcripts_fragment(request: Request, name: str) -> HTMLResponse:
-        run_dir = find_run(roots, name)
-        chosen, page = _transcripts(run_dir, run_domains(metrics.rows(run_dir)), request)
+        chosen, page = transcripts(request, name)
         return render(
             console.jinja, request, "runs_transcripts.html", run_name=name, chosen=chosen, transcripts=page
         )
 
     @routes.get("/api/runs/{name}")
     async def run_json(name: str) -> dict[str, Any]:
+        episodes = find_eval(roots, check_name(name))
+        if episodes is not None:
+            return {**summarize_eval(episodes, time.time()).to_dict(), "summary": read_summary(episodes)}
         run_dir = find_run(roots, name)
         files = read_run(run_dir, time.time(), metrics.rows(run_dir))
         return {
@@ -121,18 +165,21 @@ def router(console: Console) -> APIRouter:
         since: int = Query(0, ge=0, description="only steps after this one"),
         max_points: int = Query(0, ge=0, le=100_000, description="thin to this many points (0: all)"),
     ) -> dict[str, Any]:
+        if find_eval(roots, check_name(name)) is not None:
+            raise _no_curves(name)
         rows = [row for row in metrics.rows(find_run(roots, name)) if row.get(STEP, 0) > since]
         return {"points": points(thin(rows, max_points) if max_points else rows)}
 
     @routes.get("/api/runs/{name}/transcripts")
     async def transcripts_json(request: Request, name: str) -> dict[str, Any]:
-        run_dir = find_run(roots, name)
-        return _transcripts(run_dir, run_domains(metrics.rows(run_dir)), request)[1].to_dict()
+        return transcripts(request, name)[1].to_dict()
 
     @routes.get("/api/runs/{name}/events")
     async def run_events(
         request: Request, name: str, since: int = Query(0, ge=0, description="send steps after this one")
     ) -> EventSourceResponse:
+        if find_eval(roots, check_name(name)) is not None:
+            raise _no_curves(name)
         run_dir = find_run(roots, name)
         return EventSourceResponse(_stream(request, run_dir, since, console.config.poll_s))
 
