@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.console.conftest import load_ms
 from tests.console.test_runs import metrics_row, write_evaluation, write_run
+from tests.console.test_runs_eval import write_eval
 from tests.live_server import live_server
 from tests.rl.test_trainer import make_trainer, tiny_config
 from tether.console.app import create_app
@@ -41,10 +43,16 @@ def test_a_real_short_runs_reward_chart_has_every_step(
     with ThreadPoolExecutor(1) as pool:
         pool.submit(_train, config).result(timeout=120)
     rows = (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()
+    # Beside it, for the list: a finished and a running synthesized run, and a `tether eval` output.
+    write_run(tmp_path, "math-and-code", 400)
+    write_run(tmp_path, "code-grpo", 12, total=100, finished=False)
+    write_eval(tmp_path, finished=True)
     with live_server(create_app(ConsoleConfig(runs=(tmp_path,), poll_s=0.1))) as url:
         page.goto(f"{url}/runs")
-        assert page.locator("#runs tbody tr").count() == 1
-        assert page.locator("#runs .badge").inner_text() == "finished"
+        assert page.locator("#runs tbody tr").count() == 4
+        statuses = page.eval_on_selector_all("#runs .status", "els => els.map(e => e.textContent)")
+        assert sorted(statuses) == ["finished", "finished", "finished", "running"]
+        assert page.locator('#runs tr:has(a:text-is("tiny")) .status').inner_text() == "finished"
         page.screenshot(path=shots / "runs-list.png")
         page.click("text=tiny")
         page.wait_for_selector(f"{REWARD_CHART}[data-points]")
@@ -71,7 +79,9 @@ def test_the_charts_grow_while_the_runs_metrics_grow(tmp_path: Path, page: objec
             )
         # Every chart took the new steps, not only the reward's.
         assert set(page.eval_on_selector_all(".chart", "els => els.map(e => e.dataset.points)")) == {"8"}
-        page.goto("about:blank")  # the page goes, and with it the stream: the server can stop at once
+        page.goto("about:blank")  # the page goes, and with it its stream
+        closing = time.monotonic()
+    assert time.monotonic() - closing < 5  # the server did not wait for a stream nobody reads
 
 
 def test_a_thousand_step_run_page_loads_in_under_300_ms(tmp_path: Path, page: object, shots: Path) -> None:

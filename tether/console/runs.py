@@ -105,7 +105,7 @@ def router(console: Console) -> APIRouter:
 
     @routes.get("/runs", response_class=HTMLResponse)
     async def runs_page(request: Request) -> HTMLResponse:
-        runs = list_runs(roots, time.time())
+        runs = every_run()
         return render(console.jinja, request, "runs.html", active="runs", runs=runs, roots=roots)
 
     @routes.get("/api/runs")
