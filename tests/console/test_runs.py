@@ -270,3 +270,27 @@ def test_bad_input_on_a_page_is_a_page_that_says_so(tmp_path: Path, path: str) -
     answer = _client(tmp_path).get(path)
     assert 400 <= answer.status_code < 500
     assert "error-page" in answer.text and "Traceback" not in answer.text
+
+
+def test_a_run_without_a_step_yet_is_running_and_its_page_says_so(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "starting", 0, total=10, finished=False)
+    client = _client(tmp_path)
+    assert client.get("/api/runs/starting").json()["status"] == "running"
+    page = client.get("/runs/starting").text
+    assert "No steps recorded yet" in page
+    assert 'data-live="/api/runs/starting/events?since=0"' in page
+    _age(run_dir, 3600)
+    assert client.get("/api/runs/starting").json()["status"] == "failed"
+
+
+def test_a_half_written_or_broken_line_is_skipped_not_a_failure(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "torn", 5)
+    with (run_dir / "metrics.jsonl").open("a") as handle:
+        handle.write("not json\n" + '{"step": 6, "rew')
+    with (run_dir / "transcripts.jsonl").open("a") as handle:
+        handle.write('{"step": 6, "env": "math/ari')
+    client = _client(tmp_path)
+    assert client.get("/api/runs/torn").json()["step"] == 5
+    assert [p["x"] for p in client.get("/api/runs/torn/series?since=3").json()["points"]] == [4, 5]
+    assert client.get("/api/runs/torn/transcripts").json()["matching"] == 10
+    assert client.get("/runs/torn").status_code == 200

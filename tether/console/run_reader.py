@@ -135,10 +135,11 @@ def last_row(path: Path) -> Row | None:
                 for line in reversed(complete):
                     if line.strip():
                         try:
-                            row: Row = json.loads(line)
-                            return row
+                            row = json.loads(line)
                         except json.JSONDecodeError:
                             continue
+                        if isinstance(row, dict):
+                            return row
                 if start == 0:
                     return None
                 block *= 4
@@ -187,6 +188,11 @@ def run_status(
     return RunStatus.FAILED
 
 
+def _number(row: Row | None, key: str) -> float | None:
+    value = row.get(key) if row else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def summarize_run(run_dir: Path, now: float, last: Row | None = None) -> RunSummary:
     """The list's line for a run: its status, step, latest reward and times (reads the last metrics row
     only, unless the caller already has it)."""
@@ -195,24 +201,23 @@ def summarize_run(run_dir: Path, now: float, last: Row | None = None) -> RunSumm
     steps = int(configured) if isinstance(configured, int) else None
     times = [t for t in (_mtime(run_dir / name) for name in WRITTEN) if t is not None]
     updated_at = max(times, default=_mtime(run_dir))
-    step = int(last.get("step", 0)) if last else 0
-    step_s = float(last.get("time/step_s", 0.0)) if last else 0.0
+    step = int(_number(last, "step") or 0)
+    step_s = _number(last, "time/step_s") or 0.0
     return RunSummary(
         name=run_dir.name,
         path=run_dir,
         status=run_status(run_dir, step, steps, updated_at, step_s, now),
         step=step,
         steps=steps,
-        reward=last.get("reward") if last else None,
+        reward=_number(last, "reward"),
         started_at=_mtime(run_dir / CONFIG),
         updated_at=updated_at,
     )
 
 
 def list_runs(roots: Sequence[Path], now: float) -> list[RunSummary]:
-    """Every run under `roots`, the most recently written first."""
-    found = [summarize_run(path, now) for path in run_dirs(roots)]
-    return sorted(found, key=lambda run: run.updated_at or 0.0, reverse=True)
+    """Every training run under `roots`."""
+    return [summarize_run(path, now) for path in run_dirs(roots)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +245,14 @@ def read_rows(path: Path, offset: int = 0) -> tuple[list[Row], int]:
     except OSError:
         return [], offset
     end = data.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in data[:end].split(b"\n") if line.strip()]
+    rows = []
+    for line in data[:end].split(b"\n"):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # a line no tether wrote (a disk full mid-line, a hand edit): the rest still shows
+        if isinstance(row, dict):
+            rows.append(row)
     return rows, offset + end
 
 

@@ -40,7 +40,8 @@ from tether.console.run_transcripts import TranscriptFilter, TranscriptPage, tra
 from tether.console.state import Console
 
 
-def _filter(request: Request, run_domains: list[str]) -> TranscriptFilter:
+def _filter(request: Request, known: list[str]) -> TranscriptFilter:
+    """The transcript filter of the request's query, checked against the run's `known` domains."""
     given = request.query_params
     return TranscriptFilter.parse(
         given.get("domain"),
@@ -48,7 +49,7 @@ def _filter(request: Request, run_domains: list[str]) -> TranscriptFilter:
         given.get("max_reward"),
         given.get("qc"),
         given.get("page"),
-    ).check(run_domains)
+    ).check(known)
 
 
 def _eval_domains(episodes: Path) -> list[str]:
@@ -76,6 +77,7 @@ def router(console: Console) -> APIRouter:
     metrics = MetricsCache()
 
     def every_run() -> list[RunSummary]:
+        """Training runs and evals, the most recently written first."""
         now = time.time()
         found = list_runs(roots, now) + list_evals(roots, now)
         return sorted(found, key=lambda run: run.updated_at or 0.0, reverse=True)
