@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from tether.console.app import create_app
 from tether.console.config import ConsoleConfig
-from tether.console.run_charts import MAX_POINTS
+from tether.console.run_charts import MAX_POINTS, chart_plans
 from tether.console.run_reader import RunStatus, list_runs
 from tether.models.checkpoints import LATEST
 from tether.rl.config import dump_config, parse_config
@@ -294,3 +294,18 @@ def test_a_half_written_or_broken_line_is_skipped_not_a_failure(tmp_path: Path) 
     assert [p["x"] for p in client.get("/api/runs/torn/series?since=3").json()["points"]] == [4, 5]
     assert client.get("/api/runs/torn/transcripts").json()["matching"] == 10
     assert client.get("/runs/torn").status_code == 200
+
+
+def test_charts_draw_the_trainers_metrics_per_domain_and_only_the_lines_a_run_has() -> None:
+    rng = random.Random(0)
+    rows = [metrics_row(step, rng) for step in (1, 2)]
+    plans = {plan.title: plan for plan in chart_plans(rows)}
+    assert plans["math/arithmetic: reward and components"].keys == [
+        "domain/math/arithmetic/reward",
+        "domain/math/arithmetic/reward/correct",
+        "domain/math/arithmetic/reward/format",
+    ]
+    assert plans["code/python: truncation rate"].keys == ["domain/code/python/truncation_rate"]
+    assert plans["Seconds per step"].labels == ["generate", "score", "learn", "push"]  # a sync run waits not
+    waited = [{**row, "time/wait_s": 0.5} for row in rows]  # an async run's rows
+    assert next(p for p in chart_plans(waited) if p.title == "Seconds per step").labels[-1] == "wait"

@@ -18,7 +18,8 @@ from tether.rl.report import ALL, TIMES, Row, components, domains
 
 MAX_POINTS = 250
 STEP = "step"
-PUSH = "time/push_s"
+# Beyond the report's split: the push of new weights, and (async runs) the wait for a generated batch.
+EXTRA_TIMES = {"push": "time/push_s", "wait": "time/wait_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +61,11 @@ def run_domains(rows: Sequence[Row]) -> list[str]:
 
 
 def chart_plans(rows: Sequence[Row]) -> list[ChartPlan]:
-    """Every chart that has at least one of its metrics in `rows`."""
+    """Every chart that has at least one of its metrics in `rows`, with those of its lines."""
     every = [metric_names(rows)]
     present = every[0]
     names = domains(every)
-    times = {**TIMES, "push": PUSH}
+    times = {**TIMES, **EXTRA_TIMES}
     plans = [
         ChartPlan(
             "Training", "Reward per domain", ["reward", *(f"domain/{n}/reward" for n in names)], [ALL, *names]
@@ -89,7 +90,13 @@ def chart_plans(rows: Sequence[Row]) -> list[ChartPlan]:
             ChartPlan(name, f"{name}: response length (tokens)", [f"{prefix}response_tokens"], ["tokens"]),
             ChartPlan(name, f"{name}: truncation rate", [f"{prefix}truncation_rate"], ["truncated"]),
         ]
-    return [plan for plan in plans if any(key in present for key in plan.keys)]
+    shown = []
+    for plan in plans:  # each chart with the lines the run has (a metric that comes later: on reload)
+        kept = [(key, label) for key, label in zip(plan.keys, plan.labels, strict=True) if key in present]
+        if kept:
+            keys, labels = zip(*kept, strict=True)
+            shown.append(ChartPlan(plan.section, plan.title, list(keys), list(labels)))
+    return shown
 
 
 def thin(rows: Sequence[Row], max_points: int = MAX_POINTS) -> list[Row]:
