@@ -4,7 +4,9 @@ its metrics.jsonl grows, a 1,000-step run loading in < 300 ms, and the screensho
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +31,13 @@ def _train(config: TrainConfig) -> None:
         trainer.run()
     finally:
         trainer.close()
+
+
+def _replace(path: Path) -> None:
+    """Write `path` anew with the same lines (a new file, as a resumed run's trainer leaves it)."""
+    copy = path.with_name(path.name + ".new")
+    shutil.copyfile(path, copy)
+    os.replace(copy, path)
 
 
 def test_a_real_short_runs_reward_chart_has_every_step(
@@ -94,10 +103,12 @@ def test_a_thousand_step_run_page_loads_in_under_300_ms(tmp_path: Path, page: ob
         page.goto(f"{url}/runs/math-and-code")  # warm: the first load also compiles the templates
         times = []
         for _ in range(3):
+            _replace(run_dir / "metrics.jsonl")  # each load reads the whole file again, as a first view does
             page.goto(f"{url}/runs/math-and-code")
             page.wait_for_selector(f"{REWARD_CHART}[data-points]")
             times.append(load_ms(page))
         assert statistics.median(times) < 300, times
+        page.screenshot(path=shots / "run-page.png", full_page=True)
         page.select_option("select[name=qc]", "violations")
         page.click("form.form button")  # htmx swaps the transcripts in place, filtered on the server
         page.wait_for_function(
@@ -107,4 +118,3 @@ def test_a_thousand_step_run_page_loads_in_under_300_ms(tmp_path: Path, page: ob
             page.locator("#transcripts .transcript").count()
             == page.locator("#transcripts .badge.failed").count()
         )
-        page.screenshot(path=shots / "run-page.png", full_page=True)
