@@ -1,5 +1,6 @@
 // Charts of the console (uPlot) and their live updates. A chart element carries its data as JSON:
 //   <div class="chart" data-chart='{"title": ..., "series": ["reward", ...], "data": [[x...], [y...], ...]}'>
+//   ("labels", if given, names the series in the legend; "series" stays the metric names points carry)
 // and, for a live one, data-live="/api/.../events": an EventSource whose "points" events carry
 // {"x": step, "values": {"reward": 0.5, ...}} and are appended to every chart on the page with that series.
 (function () {
@@ -10,7 +11,7 @@
   function build(el) {
     const spec = JSON.parse(el.dataset.chart);
     const series = [{ label: spec.x || "step" }].concat(
-      spec.series.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }))
+      spec.series.map((name, i) => ({ label: (spec.labels || spec.series)[i], stroke: palette[i % palette.length], width: 1.5, spanGaps: true }))
     );
     const width = Math.max(300, el.clientWidth - 12);
     const title = document.createElement("div");
