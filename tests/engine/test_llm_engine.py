@@ -14,7 +14,7 @@ from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
 from tether.kernels import int8_gemm
-from tether.models import load
+from tether.models import QuantizedLinear, load
 from tether.testing import make_tiny_model
 
 BLOCK = 4
@@ -178,6 +178,7 @@ def test_the_int8_kernel_gives_the_greedy_tokens_of_the_dequantized_float_matmul
 ) -> None:
     engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
     with_kernel = engine.generate(PROMPTS, GREEDY)
+    assert any(m.packed_copies for m in engine.runner.model.modules() if isinstance(m, QuantizedLinear))
     monkeypatch.setattr(int8_gemm, "supports", lambda x: False)  # every projection takes F.linear
     engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
     without = engine.generate(PROMPTS, GREEDY)

@@ -73,8 +73,17 @@ def _cycling(items: list[torch.Tensor] | list[int8_gemm.PackedInt8]) -> Callable
     return advance
 
 
-def time_shape(name: str, outputs: int, inputs: int, rows: int, repeats: int, streamed: bool) -> MatmulTiming:
-    copies = max(1, STREAMED_BYTES // (4 * outputs * inputs)) if streamed else 1
+def time_shape(
+    name: str,
+    outputs: int,
+    inputs: int,
+    rows: int,
+    repeats: int,
+    streamed: bool,
+    streamed_bytes: int = STREAMED_BYTES,
+) -> MatmulTiming:
+    """Median microseconds of a projection of `rows` rows in float32, in the old int8 path and the kernel."""
+    copies = max(1, streamed_bytes // (4 * outputs * inputs)) if streamed else 1
     generator = torch.Generator().manual_seed(outputs * inputs)
     weights = [torch.randn(outputs, inputs, generator=generator) * 0.02 for _ in range(copies)]
     quantized = [quantize_weight(w) for w in weights]
@@ -101,11 +110,15 @@ def time_shape(name: str, outputs: int, inputs: int, rows: int, repeats: int, st
 
 
 def run_matmul_bench(
-    shapes: dict[str, tuple[int, int]], rows: Sequence[int], repeats: int, streamed: Sequence[bool]
+    shapes: dict[str, tuple[int, int]],
+    rows: Sequence[int],
+    repeats: int,
+    streamed: Sequence[bool],
+    streamed_bytes: int = STREAMED_BYTES,
 ) -> dict[str, object]:
     """Every shape x row count x (hot, streamed), with the machine's state next to the figures."""
     timings = [
-        time_shape(name, outputs, inputs, count, repeats, stream)
+        time_shape(name, outputs, inputs, count, repeats, stream, streamed_bytes)
         for stream in streamed
         for name, (outputs, inputs) in shapes.items()
         for count in rows

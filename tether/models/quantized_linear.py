@@ -101,6 +101,11 @@ class QuantizedLinear(nn.Module):
         self._packed[len(others)] = (key, packed)
         return packed
 
+    @property
+    def packed_copies(self) -> int:
+        """How many packed copies this layer holds: its own, and one per stack it leads."""
+        return len(self._packed)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight.device.type == "cpu" and int8_gemm.supports(x):
             return int8_gemm.linear(x, self.packed_with())
