@@ -12,7 +12,8 @@
  *
  * Each output's sum runs over k in order with one FMA per term on both vector paths, so the AVX-512 and
  * AVX2 paths give the same bits, and a row's result does not depend on how many rows share the call (the
- * tile sizes change which outputs are computed together, never the order of a sum). Few rows leave too
+ * tile sizes change which outputs are computed together, never the order of a sum); the file is built
+ * with -ffp-contract=off so that the scale and bias stay a multiply then an add on every path. Few rows leave too
  * few independent sums to hide the FMA latency, so small row tiles take several panels at once.
  *
  * Paths: AVX-512F, AVX2+FMA and portable C; the caller picks (`int8_kernel`, from the CPU's features) so
