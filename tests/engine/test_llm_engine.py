@@ -13,7 +13,8 @@ from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
-from tether.models import load
+from tether.kernels import int8_gemm
+from tether.models import QuantizedLinear, load
 from tether.testing import make_tiny_model
 
 BLOCK = 4
@@ -170,6 +171,20 @@ def test_weight_update_invalidates_the_prefix_cache_and_tags_versions(tiny_path:
 def test_bad_sampling_parameters_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"sampling: {field} = "):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_int8_kernel_gives_the_greedy_tokens_of_the_dequantized_float_matmul(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
+    with_kernel = engine.generate(PROMPTS, GREEDY)
+    assert any(m.packed_copies for m in engine.runner.model.modules() if isinstance(m, QuantizedLinear))
+    monkeypatch.setattr(int8_gemm, "supports", lambda x: False)  # every projection takes F.linear
+    engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
+    without = engine.generate(PROMPTS, GREEDY)
+    assert [o.completions[0].token_ids for o in with_kernel] == [o.completions[0].token_ids for o in without]
+    for kernel, dequantized in zip(with_kernel, without, strict=True):
+        torch.testing.assert_close(kernel.completions[0].logprobs, dequantized.completions[0].logprobs)
 
 
 def test_int8_engine_accepts_float_weight_updates(tiny_path: Path) -> None:

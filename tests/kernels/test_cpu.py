@@ -26,7 +26,11 @@ OLD_X86 = "processor\t: 0\nflags\t\t: fpu sse sse2 sse4_2 avx\n"
     ("cpuinfo", "onednn_bf16", "expected"),
     [
         (EPYC_AVX2, False, {CpuFeature.AVX2_FMA, CpuFeature.ONEDNN}),
-        (XEON_AVX512, True, {CpuFeature.AVX2_FMA, CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16}),
+        (
+            XEON_AVX512,
+            True,
+            {CpuFeature.AVX2_FMA, CpuFeature.AVX512F, CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16},
+        ),
         (OLD_X86, False, {CpuFeature.ONEDNN}),
         ("", False, {CpuFeature.ONEDNN}),
     ],
@@ -39,7 +43,10 @@ def test_features_follow_the_flags_and_torchs_checks(
 
 
 def test_without_onednn_no_onednn_feature_is_claimed() -> None:
-    assert features_of(cpu_flags(XEON_AVX512), onednn=False, onednn_bf16=True) == {CpuFeature.AVX2_FMA}
+    assert features_of(cpu_flags(XEON_AVX512), onednn=False, onednn_bf16=True) == {
+        CpuFeature.AVX2_FMA,
+        CpuFeature.AVX512F,
+    }
 
 
 def test_detection_agrees_with_torchs_own_bf16_check() -> None:

@@ -73,3 +73,19 @@ def test_doctor_names_the_kernel_path_each_dtype_takes(
 def test_doctor_reports_this_cpus_own_features() -> None:
     report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
     assert report["features"] == {feature.value: feature in cpu.detected() for feature in CpuFeature}
+
+
+@pytest.mark.parametrize(
+    ("features", "path"),
+    [
+        ({CpuFeature.AVX2_FMA, CpuFeature.AVX512F}, "AVX512"),
+        ({CpuFeature.AVX2_FMA}, "AVX2"),
+        (set(), "PORTABLE"),
+    ],
+)
+def test_doctor_names_the_int8_weight_kernels_path(
+    monkeypatch: pytest.MonkeyPatch, features: set[CpuFeature], path: str
+) -> None:
+    monkeypatch.setattr(cpu, "detected", lambda: frozenset(features))
+    report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+    assert report["kernels"]["int8"]["projections"] == f"int8 weight kernel, {path}"

@@ -14,6 +14,7 @@ from tether.engine.bench import perplexity
 from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.errors import ConfigError
 from tether.models import CausalLM, QuantizationError, QuantizedLinear, load, update_quantized_weights
+from tether.models.layers import stacked_projections
 from tether.models.quantize import REFERENCE_TEXT, quantize_weight
 from tether.testing import make_tiny_model
 
@@ -31,6 +32,34 @@ def test_per_channel_scales_are_exact_for_a_crafted_weight() -> None:
     assert q.dtype == torch.int8 and scale.dtype == torch.float32
     torch.testing.assert_close(scale, torch.tensor([0.01, 1.0, 0.02]))
     assert q.tolist() == [[127, -50, 0], [0, 0, 0], [-127, 50, 1]]
+
+
+def test_the_packed_copy_follows_a_replaced_or_overwritten_weight() -> None:
+    torch.manual_seed(1)
+    layer = QuantizedLinear.from_linear(nn.Linear(24, 40, bias=True))
+    x = torch.randn(3, 24)
+
+    def expected() -> torch.Tensor:
+        return x @ layer.dequantize().T + layer.bias  # type: ignore[operator]
+
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected())
+        assert layer.packed_copies == 1
+        layer.set_weight(torch.randn(40, 24))  # a weight update: new tensors
+        torch.testing.assert_close(layer(x), expected())
+        layer.qweight.mul_(-1)  # an in-place write (load_state_dict): the version moves
+        torch.testing.assert_close(layer(x), expected())
+
+
+def test_stacked_int8_projections_equal_one_call_each_and_follow_updates() -> None:
+    torch.manual_seed(2)
+    layers = [QuantizedLinear.from_linear(nn.Linear(16, n, bias=False)) for n in (24, 8, 8)]
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        stacked = stacked_projections(x, layers, None)
+        assert all(torch.equal(s, layer(x)) for s, layer in zip(stacked, layers, strict=True))
+        layers[2].set_weight(torch.randn(8, 16))
+        assert torch.equal(stacked_projections(x, layers, None)[2], layers[2](x))
 
 
 def test_quantized_linear_matches_its_dequantized_float_weight() -> None:

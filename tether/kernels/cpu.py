@@ -18,6 +18,7 @@ CPU_INFO = Path("/proc/cpuinfo")
 
 class CpuFeature(Enum):
     AVX2_FMA = "avx2+fma"
+    AVX512F = "avx512f"
     ONEDNN = "onednn"
     ONEDNN_BF16 = "onednn-bf16"
 
@@ -25,6 +26,7 @@ class CpuFeature(Enum):
 # What each feature is, and which kernel path needs it.
 USES = {
     CpuFeature.AVX2_FMA: "AVX2 and FMA instructions: the decode attention kernel's vector path",
+    CpuFeature.AVX512F: "AVX-512 foundation instructions: the int8 weight matmul's widest path",
     CpuFeature.ONEDNN: "torch built with oneDNN: prepacked float32 projections",
     CpuFeature.ONEDNN_BF16: "oneDNN's bfloat16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): "
     "prepacked bfloat16 projections",
@@ -45,6 +47,8 @@ def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> froze
     found = set()
     if {"avx2", "fma"} <= flags:
         found.add(CpuFeature.AVX2_FMA)
+    if "avx512f" in flags:
+        found.add(CpuFeature.AVX512F)
     if onednn:
         found.add(CpuFeature.ONEDNN)
         if onednn_bf16:

@@ -14,6 +14,7 @@ from torch import nn
 
 from tether.models import prepack
 from tether.models.config import RopeScaling, RopeType
+from tether.models.quantized_linear import QuantizedLinear, stacked_int8
 
 
 class RMSNorm(nn.Module):
@@ -200,7 +201,13 @@ def stacked_projections(
 ) -> list[torch.Tensor]:
     """Each projection of `x`, computed in one packed call over their stacked weights where that applies
     (inference with a cache, every projection a packed `Linear`; same bits as one call each, see
-    `prepack`), else one call each."""
+    `prepack`; or inference with every projection an int8 `QuantizedLinear`, whose kernel keeps its own
+    packed copy), else one call each."""
+    quantized = [p for p in projections if isinstance(p, QuantizedLinear)]
+    if len(quantized) == len(projections) and not torch.is_grad_enabled():
+        stacked = stacked_int8(x, quantized)
+        if stacked is not None:
+            return stacked
     linears = [p for p in projections if isinstance(p, Linear)]
     if (
         cache is None

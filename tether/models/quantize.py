@@ -1,8 +1,9 @@
 """int8 weight-only quantization of the transformer blocks' Linear layers, chosen at load time.
 
 Each output channel gets one symmetric scale (its largest |weight| / 127); activations stay in float and
-the matmul runs in float on the dequantized weight. Embeddings, norms and the output head stay in float.
-This saves memory, not time: on CPUs without a fast int8 kernel, decoding is no faster than in float.
+the matmul widens the int8 weights to float (`quantized_linear`). Embeddings, norms and the output head
+stay in float. On CPU the projections run through the int8 kernel (`tether.kernels.int8_gemm`), which
+reads a quarter of float32's bytes: decoding is faster than in float wherever it waits on the weights.
 """
 
 from __future__ import annotations
@@ -10,13 +11,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tether.errors import ConfigError, TetherError
+from tether.errors import ConfigError
+from tether.models.quantized_linear import INT8_MAX, QuantizationError, QuantizedLinear, quantize_weight
 from tether.models.transformer import CausalLM
 
-INT8_MAX = 127
+__all__ = [
+    "INT8_MAX",
+    "QUANTIZERS",
+    "REFERENCE_TEXT",
+    "QuantizationError",
+    "QuantizedLinear",
+    "get_quantizer",
+    "is_quantized",
+    "quantize_int8",
+    "quantize_weight",
+    "update_quantized_weights",
+]
 
 # A fixed English paragraph: the text on which quantized and float models are compared (perplexity).
 REFERENCE_TEXT = (
@@ -29,70 +41,6 @@ REFERENCE_TEXT = (
     "and a light rain began to fall, sending everyone indoors. When the evening came, the lamps were lit "
     "one by one, and the town grew quiet again, waiting for another ordinary day."
 )
-
-
-class QuantizationError(TetherError, ValueError):
-    """A weight update does not fit a quantized model (unknown name, wrong shape)."""
-
-
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel symmetric int8: (int8 [out, in], float32 scales [out]), w ~= q * scale[:, None].
-
-    Each row's scale is its largest |weight| / 127; an all-zero row gets scale 1 and stays exactly zero.
-    """
-    assert weight.dim() == 2, f"expected a 2-d weight, got shape {tuple(weight.shape)}"
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1) / INT8_MAX
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, scale
-
-
-class QuantizedLinear(nn.Module):
-    """A bias-optional Linear holding int8 weights and float32 per-output-channel scales as buffers."""
-
-    qweight: torch.Tensor
-    scale: torch.Tensor
-    bias: nn.Parameter | None
-
-    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32))
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> QuantizedLinear:
-        module = cls(linear.in_features, linear.out_features, linear.bias)
-        module.set_weight(linear.weight)
-        return module
-
-    @torch.no_grad()
-    def set_weight(self, weight: torch.Tensor) -> None:
-        """Quantize a float weight [out, in] into this layer (used at load and on weight updates)."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise QuantizationError(
-                f"weight of shape {tuple(weight.shape)} does not fit a quantized layer of "
-                f"{self.in_features} -> {self.out_features} features; expected shape "
-                f"{(self.out_features, self.in_features)}"
-            )
-        q, scale = quantize_weight(weight)
-        self.qweight = q.to(weight.device)
-        self.scale = scale.to(weight.device)
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight this layer computes with."""
-        return self.qweight.float() * self.scale[:, None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The per-row scale commutes with the matmul: scaling the [.., out] result is cheaper than the weight.
-        out = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
-        return out if self.bias is None else out + self.bias
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
 def quantize_int8(model: CausalLM) -> CausalLM:
