@@ -104,9 +104,12 @@ def submit(config: AgentsConfig, spec: TaskSpec) -> str:
         return pool.submit(asyncio.run, go()).result()
 
 
-def journal_long_task(journal: Journal, task_id: str, steps: int, running: bool = True) -> None:
-    """`steps` committed steps of a claimed task, each a reply and two shell calls with their output; the
-    worker keeps the task (running) or gives it up between steps (queued, as after a hand-off)."""
+def journal_long_task(
+    journal: Journal, task_id: str, steps: int, running: bool = True, end: TaskStatus | None = None
+) -> None:
+    """`steps` committed steps of a claimed task, each a reply and two shell calls with their output; then
+    the worker keeps the task (running), gives it up between steps (queued, as after a hand-off), or ends
+    it (`end`)."""
     epoch = journal.claim(task_id, "worker-long", lease_s=3600)
     assert epoch is not None
     for step_no in range(steps):
@@ -146,5 +149,8 @@ def journal_long_task(journal: Journal, task_id: str, steps: int, running: bool 
             for call in calls
         }
         journal.commit_step(task_id, step_no, epoch, observations, None)
-    if not running:
+    if end is not None:
+        failed = end is TaskStatus.FAILED
+        journal.finish(task_id, epoch, end, None if failed else "counted", "gave up" if failed else None)
+    elif not running:
         journal.release(task_id, epoch)

@@ -22,8 +22,10 @@ def chromium() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[object]:
+    """Per module: Playwright's sync API runs an event loop in this thread while it is open, so any later
+    test that calls `asyncio.run` (or an async test) would fail if the browser lived for the session."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -54,7 +55,8 @@ def with_steps(home: Path, steps: int, max_steps: int = 1000, running: bool = Fa
     return task_id
 
 
-def cli_json(home: Path, *args: str) -> object:
+def cli_json(home: Path, *args: str) -> Any:
+    """What `tether agent ... --json` prints for this journal."""
     result = CliRunner().invoke(cli, ["agent", *args, "--json", "--home", str(home)])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
@@ -121,16 +123,16 @@ def test_a_task_submitted_here_is_the_one_the_cli_shows(client: TestClient, home
         "/agents", data={"goal": "tidy the inbox", "max_steps": "7", "roles": "planner,coder"}, headers=HX
     )
     assert answer.status_code == 200 and answer.headers["HX-Trigger"] == "task-changed"
-    (listed,) = cli_json(home, "ls")  # type: ignore[misc]
+    (listed,) = cli_json(home, "ls")
     shown = cli_json(home, "show", listed["task_id"])
-    assert isinstance(shown, dict) and shown["spec"]["limits"]["max_steps"] == 7
+    assert shown["spec"]["limits"]["max_steps"] == 7
     assert [role["name"] for role in shown["spec"]["roles"]] == ["planner", "coder"]
     family = client.post(
         "/api/agents", json={"family": "agent/shell", "seed": 2}, headers={"Authorization": "x"}
     )
     assert family.status_code == 201
     shown = cli_json(home, "show", family.json()["task_id"])
-    assert isinstance(shown, dict) and shown["goal"] == family_task("agent/shell", 2).goal
+    assert shown["goal"] == family_task("agent/shell", 2).goal
 
 
 @pytest.mark.parametrize(
@@ -206,7 +208,7 @@ def test_a_task_whose_budget_is_spent_is_not_resumed(client: TestClient, home: P
     client.post(f"/agents/{task_id}/cancel", headers=HX)
     answer = client.post(f"/api/agents/{task_id}/resume", headers={"Authorization": "x"})
     assert answer.status_code == 409 and "step budget exhausted" in answer.json()["error"]["message"]
-    assert cli_json(home, "show", task_id)["status"] == "cancelled"  # type: ignore[index]
+    assert cli_json(home, "show", task_id)["status"] == "cancelled"
 
 
 def test_a_cancelled_task_is_resumed_from_its_next_step(client: TestClient, home: Path) -> None:
@@ -214,7 +216,7 @@ def test_a_cancelled_task_is_resumed_from_its_next_step(client: TestClient, home
     client.post(f"/agents/{task_id}/cancel", headers=HX)
     answer = client.post(f"/agents/{task_id}/resume", headers=HX)
     assert answer.status_code == 200 and "continue from step 2" in answer.text
-    assert cli_json(home, "show", task_id)["status"] == "queued"  # type: ignore[index]
+    assert cli_json(home, "show", task_id)["status"] == "queued"
 
 
 def test_pages_say_when_no_journal_is_configured(tmp_path: Path) -> None:

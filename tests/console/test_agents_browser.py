@@ -20,6 +20,7 @@ from tether.cli.main import app as cli
 from tether.console.app import create_app
 from tether.console.config import ConsoleConfig
 from tether.store.journal import Journal
+from tether.store.records import TaskStatus
 
 STATS = "def mean(values):\n    return sum(values) / len(values)\n"
 FIXED = "def mean(values):\n    if not values:\n        return 0.0\n    return sum(values) / len(values)\n"
@@ -153,13 +154,31 @@ def test_a_task_cancelled_on_its_page_is_cancelled_for_the_cli(
         expect(page.locator("#task-status")).to_have_text("cancelled", timeout=20_000)
         page.goto(f"{url}/agents?state=cancelled")
         expect(page.locator("tr.task-row")).to_have_count(1)
+        _other_tasks(config)
         page.goto(f"{url}/agents")
+        expect(page.locator("tr.task-row")).to_have_count(5)
         page.screenshot(path=shots / "agents-list.png", full_page=True)
         page.goto("about:blank")  # the list refreshes itself: stop it before the server goes
     listed = CliRunner().invoke(cli, ["agent", "ls", "--json", "--home", str(home)])
     assert listed.exit_code == 0, listed.output
     states = {task["task_id"]: task["status"] for task in json.loads(listed.output)}
-    assert states[task_id] == "cancelled" and sorted(states.values()) == ["cancelled", "queued"]
+    assert states[task_id] == "cancelled"
+    assert sorted(states.values()) == ["cancelled", "failed", "queued", "running", "succeeded"]
+
+
+def _other_tasks(config: AgentsConfig) -> None:
+    """Tasks in the other states, for the list's screenshot."""
+    journal = Journal(config.store_url)
+    try:
+        for goal, steps, end, roles in (
+            ("Summarize the error rate of each service from the logs.", 12, TaskStatus.SUCCEEDED, None),
+            ("Port the parser to the new tokenizer API.", 30, TaskStatus.FAILED, "planner,coder,reviewer"),
+            ("Count the ERROR lines in every log part.", 7, None, "coder,reviewer"),
+        ):
+            spec = goal_spec(goal, roles, max_steps=40)
+            journal_long_task(journal, submit(config, spec), steps, running=True, end=end)
+    finally:
+        journal.close()
 
 
 def test_a_task_of_500_steps_loads_within_300_ms(tmp_path: Path, page: object, shots: Path) -> None:
