@@ -35,7 +35,7 @@ LIST_LIMIT = 100
 STATES = tuple(status.value for status in TaskStatus)
 HINT = "the tasks of this journal are listed at /agents (or `tether agent ls`)"
 StateQuery = Annotated[str | None, Query(max_length=32)]
-BeforeQuery = Annotated[int | None, Query(ge=0)]
+StepQuery = Annotated[int | None, Query(ge=0)]
 
 
 def _state(given: str | None) -> TaskStatus | None:
@@ -103,7 +103,7 @@ def router(console: Console) -> APIRouter:
 
     @routes.get("/agents/rows", response_class=HTMLResponse)
     def agents_rows(request: Request, state: StateQuery = None) -> HTMLResponse:
-        return render(jinja, request, "agents_rows.html", tasks=summaries(_state(state)))
+        return render(jinja, request, "agents_rows.html", tasks=summaries(_state(state)), state=state or "")
 
     @routes.get("/api/agents")
     def agents_json(state: StateQuery = None) -> AsciiJSONResponse:
@@ -120,11 +120,11 @@ def router(console: Console) -> APIRouter:
         return render(jinja, request, "agents_body.html", **body_context(task_id))
 
     @routes.get("/agents/{task_id}/steps", response_class=HTMLResponse)
-    def earlier_steps(request: Request, task_id: str, before: BeforeQuery = None) -> HTMLResponse:
+    def earlier_steps(request: Request, task_id: str, before: StepQuery = None) -> HTMLResponse:
         return render(jinja, request, "agents_steps.html", **body_context(task_id, before))
 
     @routes.get("/api/agents/{task_id}")
-    def task_json(task_id: str, before: BeforeQuery = None) -> AsciiJSONResponse:
+    def task_json(task_id: str, before: StepQuery = None) -> AsciiJSONResponse:
         found = timeline(task_id, before)
         return AsciiJSONResponse(
             {
@@ -137,7 +137,7 @@ def router(console: Console) -> APIRouter:
         )
 
     @routes.get("/api/agents/{task_id}/events")
-    async def task_events(request: Request, task_id: str, after: BeforeQuery = 0) -> EventSourceResponse:
+    async def task_events(request: Request, task_id: str, after: StepQuery = 0) -> EventSourceResponse:
         """New steps as `step` events (HTML `<li>`s, id = step number), the task's summary as `summary`
         when it changes, and `end` once the task is finished. A reconnect resumes after Last-Event-ID."""
         await run_in_threadpool(opened, task_id)  # an unknown task is a 404, not an empty stream
