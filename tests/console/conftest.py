@@ -1,6 +1,6 @@
 """Browser fixtures: Debian's chromium driven headless by Playwright (`make test` installs chromium; no
 browser is downloaded), a page that fails its test on any JavaScript error, and the directory that
-screenshots go to (`$TETHER_TEST_OUTPUT/console`, default `test-output/console`)."""
+screenshots go to (`$CONSOLE_TEST_OUTPUT/console`, default `test-output/console`)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def page(browser: object) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def shots() -> Path:
     """Where screenshots of the console's pages go."""
-    folder = Path(os.environ.get("TETHER_TEST_OUTPUT", "test-output")) / "console"
+    folder = Path(os.environ.get("CONSOLE_TEST_OUTPUT", "test-output")) / "console"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

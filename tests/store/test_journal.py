@@ -191,3 +191,17 @@ def test_an_sqlite_journal_creates_its_missing_directory(tmp_path: Path) -> None
     finally:
         journal.close()
     assert journal_exists(url) and (tmp_path / "fresh" / "machine" / "journal.db").is_file()
+
+
+def test_step_usage_gives_each_tasks_steps_tokens_in_one_read(journal: Journal) -> None:
+    for task_id, steps in (("busy", 3), ("idle", 0)):
+        journal.create_task(task_id, {"goal": task_id})
+        epoch = journal.claim(task_id, "w", lease_s=30)
+        assert epoch is not None
+        for step_no in range(steps):
+            journal.append_step(make_step(task_id, step_no, epoch))
+    usage = journal.step_usage(["busy", "idle", "unknown"])
+    assert [step.step_no for step in usage["busy"]] == [0, 1, 2]
+    assert usage["busy"][0].usage == make_step("busy", 0, 1).usage
+    assert usage["idle"] == [] and usage["unknown"] == []
+    assert journal.step_usage([]) == {}

@@ -9,14 +9,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tether.agents.loops import last_mark
-from tether.agents.replay import spent_budget
-from tether.agents.roles import select_roles
-from tether.agents.task import TaskSpec, build_task_spec, load_task_file
+from tether.agents.submission import family_task, goal_spec, resume_refusal
+from tether.agents.task import TaskSpec, load_task_file
 from tether.cli.agent_follow import console, open_model_client, work_and_follow
 from tether.cli.agent_journal import (
     JsonOption,
@@ -51,7 +49,7 @@ from tether.cli.worker import (
     TablePrefixOption,
 )
 from tether.errors import ConfigError
-from tether.store.records import StepRecord, TaskRecord, TaskStatus
+from tether.store.records import TaskStatus
 
 if TYPE_CHECKING:
     from tether.agents.long_session import LongSessionResult
@@ -106,28 +104,27 @@ def _spec(
     task_file: Path | None,
 ) -> TaskSpec:
     """The task file (if any) is the template; the goal and any flag given override it."""
-    data: dict[str, Any] = load_task_file(task_file) if task_file else {}
-    data["goal"] = goal
-    data["require_finish"] = require_finish
-    if roles:
-        data["roles"] = [role.model_dump() for role in select_roles(roles)]
-    if max_steps is not None:
-        data["limits"] = {**data.get("limits", {}), "max_steps": max_steps}
+    template = load_task_file(task_file) if task_file else {}
     for path in files:
         if not path.is_file():
             raise ConfigError(f"--file {str(path)!r} does not exist")
-        data.setdefault("files", {})[path.name] = path.read_text()
-    return build_task_spec(data, str(task_file) if task_file else "task")
+    return goal_spec(
+        goal,
+        roles,
+        max_steps,
+        require_finish,
+        template,
+        {path.name: path.read_text() for path in files},
+        str(task_file) if task_file else "task",
+    )
 
 
 def _family_spec(name: str, seed: int, max_steps: int | None, given: Mapping[str, object]) -> TaskSpec:
     """A family's task (its goal, files, tools and check); the options that would change it are refused."""
-    from tether.agents.families import MAX_STEPS, family
-
     clashing = [flag for flag, value in given.items() if value]
     if clashing:
         raise ConfigError(f"--family {name} sets the whole task: drop {', '.join(clashing)}")
-    return family(name).task(seed, max_steps or MAX_STEPS)
+    return family_task(name, seed, max_steps)
 
 
 async def _submit(config: AgentsConfig, spec: TaskSpec) -> str:
@@ -223,17 +220,6 @@ async def _resume(config: AgentsConfig, task_id: str) -> None:
         await stack.close()
 
 
-def _cannot_continue(task: TaskRecord, steps: list[StepRecord]) -> str | None:
-    """Why a worker would end the task again before its next step (a spent budget, a loop stop)."""
-    spec = TaskSpec.model_validate(task.spec)
-    elapsed_s = time.time() - steps[0].started_at if steps else 0.0
-    spent = spent_budget(spec.limits, steps, elapsed_s)
-    if spent is not None:
-        return spent
-    loop = last_mark(steps, spec.loop)
-    return loop.describe() if loop is not None and loop.stop else None
-
-
 @app.command("resume")
 def resume_command(
     ctx: typer.Context,
@@ -265,15 +251,9 @@ def resume_command(
             steps = journal.steps(task_id)
         finally:
             journal.close()
-        if task.status is TaskStatus.SUCCEEDED:
-            raise ConfigError(f"task {task_id} already succeeded; nothing to resume")
-        blocked = _cannot_continue(task, steps)
-        if blocked is not None:
-            raise ConfigError(
-                f"task {task_id} cannot continue, {blocked}; nothing was queued (a worker would end it "
-                "again at once). Submit the goal again with a larger budget or other settings "
-                "(--max-steps, or limits and loop in a --task-file)"
-            )
+        refusal = resume_refusal(task, steps)
+        if refusal is not None:
+            raise ConfigError(refusal)
         chat_model = None
         if run:
             chat_model = open_model_client(

@@ -112,7 +112,8 @@ def ls_command(
         if journal is not None:
             try:
                 found = journal.list_tasks(limit, wanted)
-                tasks = [(task, len(journal.steps(task.task_id))) for task in found]
+                usage = journal.step_usage([task.task_id for task in found])  # one query, not one a task
+                tasks = [(task, len(usage[task.task_id])) for task in found]
             finally:
                 journal.close()
     if as_json:

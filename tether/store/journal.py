@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +26,7 @@ from tether.store.records import (
     JsonDict,
     StepRecord,
     StepStatus,
+    StepUsage,
     TaskRecord,
     TaskStatus,
     ToolCallRecord,
@@ -460,6 +461,25 @@ class Journal:
         return [
             replace(_step(row._mapping), tool_calls=tuple(calls.get(row.step_no, []))) for row in step_rows
         ]
+
+    def step_usage(self, task_ids: Sequence[str]) -> dict[str, list[StepUsage]]:
+        """The steps of these tasks as their usage and start time, in one query (a list of tasks with their
+        step counts and tokens reads this instead of every task's replies and tool calls)."""
+        s = self.steps_table.c
+        found: dict[str, list[StepUsage]] = {task_id: [] for task_id in task_ids}
+        if not task_ids:
+            return found
+        query = (
+            sa.select(s.task_id, s.step_no, s.usage, s.started_at)
+            .where(s.task_id.in_(list(task_ids)))
+            .order_by(s.task_id, s.step_no)
+        )
+        with self._read() as conn:
+            for row in conn.execute(query):
+                found[row.task_id].append(
+                    StepUsage(row.task_id, row.step_no, json.loads(row.usage), row.started_at)
+                )
+        return found
 
 
 def _task(row: Any) -> TaskRecord:

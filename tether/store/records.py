@@ -79,6 +79,16 @@ class StepRecord:
     tool_calls: tuple[ToolCallRecord, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, slots=True)
+class StepUsage:
+    """A step's tokens and start alone: what lists of tasks total, without reading replies or tool calls."""
+
+    task_id: str
+    step_no: int
+    usage: JsonDict
+    started_at: float
+
+
 def idempotency_key(task_id: str, step_no: int, call_index: int) -> str:
     """Stable across replays: the same step of the same task always names its calls the same way."""
     return f"{task_id}:{step_no}:{call_index}"
