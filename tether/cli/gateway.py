@@ -9,17 +9,19 @@ import sys
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from starlette.types import ASGIApp
 
 from tether.chat.pricing import Tier
 from tether.cli.common import CacheDirOption, cache_root, err_console, print_json, user_errors
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, load_gateway_config
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 app = typer.Typer(help="The API gateway: keys, usage, serving and benchmarks.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
