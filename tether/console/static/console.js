@@ -18,11 +18,20 @@
     title.className = "chart-title";
     title.textContent = spec.title;
     el.appendChild(title);
-    const plot = new uPlot({ width: width, height: 190, series: series, scales: { x: { time: !!spec.time } } }, spec.data, el);
+    const axes = [{}, { size: 58, values: (u, splits) => splits.map(tick) }];
+    const options = { width: width, height: 190, series: series, axes: axes, scales: { x: { time: !!spec.time } } };
+    const plot = new uPlot(options, spec.data, el);
     const entry = { el: el, spec: spec, plot: plot, data: spec.data };
     el.tetherChart = entry;
     charts.push(entry);
     return entry;
+  }
+
+  // y-axis ticks to three significant digits, so that a series of 1e-7s reads 1.0e-7, not 0
+  function tick(value) {
+    if (value === null || value === 0) return value === 0 ? "0" : "";
+    const size = Math.abs(value);
+    return size < 1e-3 || size >= 1e6 ? value.toExponential(1) : String(+value.toPrecision(3));
   }
 
   function append(point) {
