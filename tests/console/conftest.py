@@ -73,3 +73,14 @@ def load_ms(page: object) -> float:
             " return n.loadEventEnd - n.startTime; }"
         )
     )
+
+
+def record_load_times(shots: Path, name: str, times: list[float]) -> None:
+    """The browser-measured loads of one page, with the machine's load average, as JSON beside the
+    screenshots (`<name>-load.json`), so the figures the README quotes come from a file a run wrote."""
+    import json
+    import statistics
+
+    load = os.getloadavg()
+    found = {"page": name, "load_ms": times, "median_ms": statistics.median(times), "loadavg": load}
+    (shots / f"{name}-load.json").write_text(json.dumps(found, indent=2) + "\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tests.console.agent_work import GatedModel, journal_long_task, submit, worker_thread
-from tests.console.conftest import load_ms
+from tests.console.conftest import load_ms, record_load_times
 from tests.live_server import live_server
 from tether.agents.service import AgentsConfig
 from tether.agents.submission import goal_spec
@@ -200,6 +200,7 @@ def test_a_task_of_500_steps_loads_within_300_ms(tmp_path: Path, page: object, s
         for _ in range(3):
             page.goto(f"{url}/agents/{task_id}")
             times.append(load_ms(page))
+        record_load_times(shots, "task-500-steps", times)
         expect(page.locator("#timeline > li#step-499")).to_be_visible()
         page.click("li.load-earlier button")
         expect(page.locator("#timeline > li#step-400")).to_be_visible()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.console.conftest import load_ms
+from tests.console.conftest import load_ms, record_load_times
 from tests.console.test_runs import metrics_row, write_evaluation, write_run
 from tests.console.test_runs_eval import write_eval
 from tests.live_server import live_server
@@ -107,6 +107,7 @@ def test_a_thousand_step_run_page_loads_in_under_300_ms(tmp_path: Path, page: ob
             page.goto(f"{url}/runs/math-and-code")
             page.wait_for_selector(f"{REWARD_CHART}[data-points]")
             times.append(load_ms(page))
+        record_load_times(shots, "run-1000-steps", times)
         assert statistics.median(times) < 300, times
         page.screenshot(path=shots / "run-page.png", full_page=True)
         page.select_option("select[name=qc]", "violations")
