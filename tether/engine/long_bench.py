@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from tether.engine.bench_machine import MIB, bench_threads, busy_warnings, load_average, machine_info
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.context_limits import resolve_max_model_len
 from tether.engine.long_bench_parts import PARTS, Figures, LongBenchConfig, Part, Progress, Setup
 from tether.errors import TetherError
+from tether.machine import MIB, busy_warnings, load_average
 from tether.models.config import ModelConfig, RopeScaling
 from tether.models.loader import resolve
 

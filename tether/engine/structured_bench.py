@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
-from tether.engine.bench_machine import bench_threads, load_average
+from tether.engine.bench_machine import bench_threads
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.engine.structured import StructuredOutput
 from tether.errors import ConfigError
+from tether.machine import load_average
 from tether.models.loader import resolve
 from tether.testing.schemas import random_schema
 
