@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.cli.common import CacheDirOption, cache_root, err_console, phases, print_json, user_errors
+from tether.machine import warn_if_busy
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -177,6 +178,7 @@ def _rows(result: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
 
 
 def _show(result: dict[str, Any], title: str, out: Path | None, as_json: bool) -> None:
+    warn_if_busy(result["machine"])
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

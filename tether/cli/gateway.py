@@ -19,6 +19,7 @@ from tether.chat.pricing import Tier
 from tether.cli.common import CacheDirOption, cache_root, err_console, fail, print_json, user_errors
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, Limits, load_gateway_config
+from tether.machine import warn_if_busy
 
 app = typer.Typer(help="The API gateway: keys, usage, serving and benchmarks.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
@@ -321,6 +322,7 @@ def bench_command(
 
             result = run_bench(BenchConfig(requests, duration_s, concurrency or 32, warmup)).as_dict()
             title = "gateway bench (instant upstream)"
+    warn_if_busy(result["machine"])
     if as_json:
         print_json(result)
         return

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn.functional as F
 
-from tether.engine.bench_machine import bench_threads
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.model_runner import Batch, ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.engine.speculative import SpeculativeConfig, SpeculativeMode, SpeculativeStats
 from tether.errors import ConfigError
+from tether.machine import load_average
 from tether.models.loader import resolve
 from tether.models.quantize import REFERENCE_TEXT, quantize_int8
 from tether.models.transformer import CausalLM
@@ -335,6 +336,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     """Run every measurement; returns one flat JSON-ready dict of medians and the workload's shape."""
     say = progress or (lambda _message: None)
     started = time.perf_counter()
+    load_start = load_average()
     threads = bench_threads(config.threads)
     folder = resolve(config.model, config.cache_dir)
     say("loading models")
@@ -443,4 +445,5 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "spec_greedy_match": spec_matches / len(copies),
         "spec_copy_similarity": copy_similarity([completion.text for completion in plain_outputs]),
         "duration_s": time.perf_counter() - started,
+        "machine": machine_info(threads, load_start),
     }

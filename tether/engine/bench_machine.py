@@ -1,16 +1,16 @@
 """What an engine benchmark adds to `tether.machine`'s record: the threads torch gets, the kernels'
-CPU features and torch's version. Only sets torch's thread count; it prints nothing.
+CPU features, the vector code torch dispatches to and torch's version. Only sets torch's thread count;
+it prints nothing.
 """
 
 from __future__ import annotations
 
-import platform
 from typing import Any
 
 import torch
 
 from tether.kernels import cpu
-from tether.machine import available_cores, vector_extensions
+from tether.machine import machine_record
 from tether.models.threads import configure_threads
 
 
@@ -22,16 +22,11 @@ def bench_threads(threads: int | None) -> int:
     return threads
 
 
-def machine_info(threads: int, load_start: float, load_end: float) -> dict[str, Any]:
-    """What a reader needs to weigh the figures: CPU, extensions, kernels' features, cores, load, threads."""
-    return {
-        "cpu": cpu.cpu_model(),
-        "machine": platform.machine(),
-        "vector_extensions": vector_extensions(),
+def machine_info(threads: int, load_start: float, loads: dict[str, float] | None = None) -> dict[str, Any]:
+    """`tether.machine.machine_record` and what torch uses of the CPU: the kernels' features and the
+    vector extension torch's own kernels dispatch to (`torch.backends.cpu.get_cpu_capability`)."""
+    return machine_record(threads, load_start, loads) | {
         "cpu_features": sorted(feature.value for feature in cpu.detected()),
-        "cores": available_cores(),
-        "threads": threads,
-        "load_average_start": load_start,
-        "load_average_end": load_end,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
     }

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
-from tether.engine.bench_machine import bench_threads
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
@@ -165,7 +165,6 @@ def run_structured_bench(config: StructuredBenchConfig, progress: Progress | Non
         "repeats": config.repeats,
         "group": config.group,
         "threads": threads,
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
+        "machine": machine_info(threads, load_start),
         "seconds": time.perf_counter() - started,
     }

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tether.machine import load_average, machine_record
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
 
@@ -89,6 +90,7 @@ async def run_benchmark(
     warmup_runs: int = 20,
     on_run: Callable[[], None] | None = None,
 ) -> dict[str, object]:
+    load_start = load_average()
     concurrency = pool.config.slots
     await run_phase(pool, warmup_runs, concurrency, warm=True, phase=Phase())
     warm, fresh = Phase(), Phase()
@@ -106,4 +108,5 @@ async def run_benchmark(
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "isolation": "user+pid+net+mount+ipc+uts namespaces, per-run cgroups, seccomp, read-only root",
+        "machine": machine_record(pool.config.slots, load_start),
     }
