@@ -11,6 +11,7 @@ from collections.abc import Callable
 from itertools import groupby
 from pathlib import Path
 
+import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -19,8 +20,9 @@ from tests.models.test_gguf_export import write_quantized_gguf
 from tether.cli import engine as engine_cli
 from tether.errors import ConfigError
 from tether.machine import machine_record
-from tether.serving.llama_server import ServerFailed, cached_binary, find_llama_server
-from tether.serving.peer_bench import PeerBenchConfig, run_peer_bench
+from tether.serving.llama_server import ServerFailed, cached_binary, find_llama_server, running_server
+from tether.serving.peer_bench import PeerBenchConfig, run_peer_bench, tether_command
+from tether.web import free_port
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 
@@ -148,9 +150,9 @@ def test_bad_stream_counts_are_refused_naming_the_value(streams: str, tmp_path: 
     ("field", "value"),
     [("max_tokens", 0), ("rounds", True), ("threads", -1), ("streams", ()), ("streams", (0,))],
 )
-def test_bad_peer_bench_config_is_refused_naming_the_field(field: str, value: object) -> None:
+def test_bad_peer_bench_config_is_refused_naming_the_field(field: str, value: object, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"peer bench: {field} = "):
-        PeerBenchConfig(**{field: value})  # type: ignore[arg-type]
+        PeerBenchConfig(tmp_path, **{field: value})  # type: ignore[arg-type]
 
 
 def test_a_model_that_is_not_registered_needs_its_gguf(
@@ -159,3 +161,19 @@ def test_a_model_that_is_not_registered_needs_its_gguf(
     config = PeerBenchConfig(model=tiny_model("llama"), cache_dir=tmp_path, llama_server=fake_llama_server)
     with pytest.raises(ConfigError, match="not a registered model, so its GGUF is unknown; pass --gguf PATH"):
         run_peer_bench(config)
+
+
+def test_tether_serve_keeps_the_threads_the_benchmark_gives_it(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    port = free_port()
+    command = tether_command(tiny_model("llama"), port, threads=2, slots=4)
+    url = f"http://127.0.0.1:{port}"
+    with running_server("tether", command, f"{url}/healthz", 120, tmp_path / "serve.log"):
+        complete_once = httpx.post(
+            f"{url}/v1/completions", json={"model": "bench", "prompt": "hi", "max_tokens": 2}
+        )
+        assert complete_once.status_code == 200, complete_once.text
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    threads = [line for line in metrics.splitlines() if line.startswith("tether_torch_threads")]
+    assert threads and float(threads[0].split()[-1]) == 2, threads

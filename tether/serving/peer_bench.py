@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +46,10 @@ SERVED_NAME = "bench"
 
 @dataclass(frozen=True, slots=True)
 class PeerBenchConfig:
+    cache_dir: Path
+    """Cache root: tether's model folder, the float32 GGUF written once, and `make bench`'s llama-server."""
     model: str | Path = "smollm2-135m-instruct"
     """A registered model name or a Hugging Face folder (then `gguf` names its quantized GGUF)."""
-    cache_dir: Path = Path(".tether/cache")
-    """Cache root: tether's model folder, the float32 GGUF written once, and `make bench`'s llama-server."""
     llama_server: Path | None = None
     """llama-server binary (default: on PATH, else the cache's)."""
     gguf: Path | None = None
@@ -255,7 +255,7 @@ def run_peer_bench(config: PeerBenchConfig, progress: Progress | None = None) ->
             running.enter_context(running_server(name, command, url + health, config.startup_timeout_s, log))
             urls[name] = url
         say("warming up")
-        warm = PeerBenchConfig(streams=(1,), max_tokens=4, rounds=1, prefix_tokens=16)
+        warm = replace(config, streams=(1,), max_tokens=4, rounds=1, prefix_tokens=16)
         asyncio.run(measure_round(urls, {name: ServerSamples() for name in urls}, warm, -1))
         for round_index in range(config.rounds):
             say(f"round {round_index + 1}/{config.rounds}: {', '.join(urls)} at {config.streams} streams")
