@@ -54,9 +54,9 @@ def bench_command(
     model: Annotated[str, typer.Option("--model", help="Registered model name or HF folder.")] = (
         "smollm2-135m-instruct"
     ),
-    requests: Annotated[int, typer.Option("--requests", help="Requests in the throughput workload.")] = 32,
+    requests: Annotated[int, typer.Option("--requests", help="Requests in the throughput workload.")] = 64,
     min_output: Annotated[int, typer.Option("--min-output", help="Shortest output, in tokens.")] = 16,
-    max_output: Annotated[int, typer.Option("--max-output", help="Longest output, in tokens.")] = 128,
+    max_output: Annotated[int, typer.Option("--max-output", help="Longest output, in tokens.")] = 192,
     prefix_tokens: Annotated[
         int, typer.Option("--prefix-tokens", help="Shared prefix of the time-to-first-token test.")
     ] = 1024,
