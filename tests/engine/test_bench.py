@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tether.cli import engine as engine_cli
 from tether.engine.bench import BenchConfig, run_bench
 from tether.errors import ConfigError
+from tether.machine import machine_record
 from tether.models import configure_threads, pull
 from tether.testing import make_tiny_model
 
@@ -88,6 +89,8 @@ def test_cli_prints_one_json_object_and_writes_it_to_out(tiny_folder: Path, tmp_
     printed = json.loads(outcome.stdout.strip().splitlines()[-1])
     assert printed == json.loads(out.read_text())
     assert printed["requests"] == 4 and printed["greedy_match"] == 1.0
+    assert machine_record(1, 0.0).keys() <= printed["machine"].keys()
+    assert printed["machine"]["torch_cpu_capability"] and printed["machine"]["threads"] == printed["threads"]
 
 
 @pytest.mark.parametrize(

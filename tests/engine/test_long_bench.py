@@ -14,7 +14,6 @@ import typer
 from typer.testing import CliRunner
 
 from tether.cli import engine as engine_cli
-from tether.engine import bench_machine
 from tether.engine.long_bench import LongBenchConfig, attention_peak_bytes, run_long_bench
 from tether.errors import ConfigError
 from tether.models import pull
@@ -114,21 +113,6 @@ def test_a_context_past_the_models_limit_is_refused_saying_what_fits(
     )
     with pytest.raises(ConfigError, match="context limit of 2,048"):
         run_long_bench(config)
-
-
-def test_busy_warnings_name_each_load_above_the_benchmarks_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_machine, "available_cores", lambda: 2)
-    warnings = bench_machine.busy_warnings(1, {"at the start": 0.3, "after dense": 3.5})
-    assert len(warnings) == 1 and "after dense: load average 3.50" in warnings[0]
-
-
-def test_peak_rss_counts_from_its_reset() -> None:
-    if not bench_machine.reset_peak_rss():
-        pytest.skip("this kernel does not let a process reset its peak RSS")
-    assert bench_machine.peak_rss_mib() <= bench_machine.rss_mib() + 1
-    block = bytearray(64 * bench_machine.MIB)  # touched: resident
-    assert bench_machine.peak_rss_mib() >= bench_machine.rss_mib() - 1 >= 60
-    del block
 
 
 @pytest.mark.slow

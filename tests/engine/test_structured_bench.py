@@ -18,6 +18,7 @@ from tether.engine.sampling import SamplingParams
 from tether.engine.structured import StructuredOutput
 from tether.engine.structured_bench import StructuredBenchConfig, is_valid, run_pass, schema_prompt
 from tether.errors import ConfigError
+from tether.machine import machine_record
 from tether.models import pull
 from tether.testing.schemas import random_schema
 
@@ -27,8 +28,6 @@ FIGURES = (
     "constrained_overhead",
     "constrained_ms_per_token",
     "unconstrained_ms_per_token",
-    "load_average_start",
-    "load_average_end",
 )
 
 
@@ -48,6 +47,7 @@ def test_cli_reports_validity_and_overhead_as_json(tiny_model: Callable[[str], P
     assert printed["schemas"] == 4 and printed["schema_valid_fraction"] == 1.0
     assert all(isinstance(printed[figure], float) for figure in FIGURES)
     assert printed["constrained_overhead"] > 0
+    assert machine_record(1, 0.0).keys() <= printed["machine"].keys()
     assert "timing: repeat 1 of 1" in outcome.stderr, "plain progress lines when not on a terminal"
 
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from tether.cli.main import app
 from tether.envs.errors import EnvError
 from tether.envs.score_bench import BenchConfig, build_answers, run_bench
+from tether.machine import machine_record
 
 
 def test_the_mix_is_half_right_and_covers_humaneval_and_families() -> None:
@@ -32,6 +33,7 @@ async def test_a_small_run_scores_every_answer_as_it_must() -> None:
     assert result.mismatches == 0
     assert result.answers_per_s > 0 and len(result.per_repeat_answers_per_s) == 1
     assert sum(result.mix.values()) == 36
+    assert machine_record(1, 0.0).keys() <= result.machine.keys() and result.machine["threads"] == 2
 
 
 def test_cli_prints_json_and_exits_zero() -> None:

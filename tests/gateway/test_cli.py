@@ -21,6 +21,7 @@ from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig
 from tether.gateway.ledger import Charge
 from tether.gateway.runtime import open_stores
+from tether.machine import machine_record
 
 runner = CliRunner()
 
@@ -133,6 +134,7 @@ def test_bench_reports_added_latency_and_max_rps() -> None:
     assert figures["gateway_p99_ms"] >= figures["gateway_p50_ms"] > figures["added_latency_p50_ms"]
     assert figures["max_rps"] > 0 and figures["direct_max_rps"] > 0
     assert figures["gateway_cpu_ms_per_request"] > 0  # Linux: read from /proc
+    assert machine_record(1, 0.0).keys() <= figures["machine"].keys()
 
 
 @pytest.mark.parametrize("option", ["--requests", "--concurrency"])

@@ -23,7 +23,7 @@ KEYS = {
     "streams_cut_by_kill",
     "median_latency_s_prefix",
     "median_latency_s_round_robin",
-    "load_average_1m",
+    "machine",
     "model",
     "kv_cache_mib",
     "prompt_tokens_min",

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tether.cli.main import app
 from tether.errors import ConfigError
+from tether.machine import machine_record
 from tether.rl.bench import BenchConfig, run_bench, run_trl
 
 runner = CliRunner()
@@ -61,6 +62,8 @@ def test_cli_bench_on_a_tiny_model_prints_one_json_object_and_writes_it(
     assert printed == json.loads(out.read_text())
     assert printed["batch"] == {"prompts": 2, "samples": 2, "max_new_tokens": 4}
     assert "trl" not in printed and "step_speedup_vs_trl" not in printed
+    assert machine_record(1, 0.0).keys() <= printed["machine"].keys()
+    assert printed["machine"]["threads"] == printed["torch_threads"]
     for name in RUNS:
         run = printed[name]
         assert len(run["steps_s"]) == len(run["reward"]) == 3  # one warm-up step, two measured

@@ -8,7 +8,9 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from tether.machine import load_average, machine_record
 from tether.store.journal import Journal
 from tether.store.records import StepRecord, ToolCallRecord, idempotency_key
 
@@ -21,6 +23,8 @@ class PersistBench:
     commit_median_ms: float
     step_median_ms: float  # append + commit: the whole cost of persisting a step
     step_p95_ms: float
+    machine: dict[str, Any]
+    """`tether.machine.machine_record`; threads: the one writer."""
 
 
 def _step(task_id: str, step_no: int, epoch: int, calls: int) -> StepRecord:
@@ -46,6 +50,7 @@ def _step(task_id: str, step_no: int, epoch: int, calls: int) -> StepRecord:
 
 
 def bench_step_persist(journal: Journal, steps: int = 500, tool_calls_per_step: int = 2) -> PersistBench:
+    load_start = load_average()
     task_id = f"bench-{uuid.uuid4().hex[:12]}"
     journal.create_task(task_id, {"goal": "benchmark"})
     epoch = journal.claim(task_id, "bench", lease_s=3600)
@@ -71,4 +76,5 @@ def bench_step_persist(journal: Journal, steps: int = 500, tool_calls_per_step: 
         commit_median_ms=statistics.median(commits),
         step_median_ms=statistics.median(totals),
         step_p95_ms=statistics.quantiles(totals, n=20)[-1],
+        machine=machine_record(1, load_start),
     )

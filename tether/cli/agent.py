@@ -49,6 +49,7 @@ from tether.cli.worker import (
     TablePrefixOption,
 )
 from tether.errors import ConfigError
+from tether.machine import warn_if_busy
 from tether.store.records import TaskStatus
 
 if TYPE_CHECKING:
@@ -350,6 +351,7 @@ def bench_command(
         finally:
             journal.drop_schema()
             journal.close()
+    warn_if_busy(result.machine)
     if as_json:
         print_json({"store": url.split("://", 1)[0], **asdict(result)})
         return

@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.cli.common import CacheDirOption, cache_root, err_console, phases, print_json, user_errors
+from tether.errors import ConfigError
+from tether.machine import warn_if_busy
 
 app = typer.Typer(help="The inference engine: benchmarks.", no_args_is_help=True)
 console = Console()
@@ -30,6 +33,21 @@ def _format(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+class Peer(StrEnum):
+    LLAMA_CPP = "llama-cpp"
+
+
+def parse_streams(text: str) -> tuple[int, ...]:
+    """`--streams 1,16,32` as integers; a `ConfigError` naming the bad value otherwise."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--streams {text!r}: expected comma-separated integers, e.g. 1,16,32") from None
+    if any(value < 1 for value in values):
+        raise ConfigError(f"--streams {text!r}: every stream count must be at least 1")
+    return values
+
+
 @app.command("bench")
 def bench_command(
     ctx: typer.Context,
@@ -38,7 +56,7 @@ def bench_command(
     ),
     requests: Annotated[int, typer.Option("--requests", help="Requests in the throughput workload.")] = 64,
     min_output: Annotated[int, typer.Option("--min-output", help="Shortest output, in tokens.")] = 16,
-    max_output: Annotated[int, typer.Option("--max-output", help="Longest output, in tokens.")] = 256,
+    max_output: Annotated[int, typer.Option("--max-output", help="Longest output, in tokens.")] = 192,
     prefix_tokens: Annotated[
         int, typer.Option("--prefix-tokens", help="Shared prefix of the time-to-first-token test.")
     ] = 1024,
@@ -88,6 +106,31 @@ def bench_command(
     rope_scaling: Annotated[
         str, typer.Option("--rope-scaling", help="RoPE scaling of the engines, e.g. yarn:4 (--long).")
     ] = "yarn:4",
+    peer: Annotated[
+        Peer | None,
+        typer.Option(
+            "--peer",
+            help="Measure `tether serve` against another server instead: llama-cpp runs llama.cpp's "
+            "llama-server on the same weights (float32 GGUF and the shipped Q4_1) at the same threads.",
+        ),
+    ] = None,
+    llama_server: Annotated[
+        Path | None,
+        typer.Option(
+            "--llama-server", help="llama-server binary (--peer; default: on PATH, else the cache's)."
+        ),
+    ] = None,
+    gguf: Annotated[
+        Path | None,
+        typer.Option("--gguf", help="Quantized GGUF llama-server serves (--peer; default: the model's own)."),
+    ] = None,
+    streams: Annotated[
+        str,
+        typer.Option("--streams", help="Concurrent streams of each measurement, comma-separated (--peer)."),
+    ] = "1,16,32",
+    peer_tokens: Annotated[
+        int, typer.Option("--peer-tokens", help="Greedy tokens per request (--peer).")
+    ] = 128,
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
@@ -98,7 +141,27 @@ def bench_command(
 ) -> None:
     """Throughput against transformers, prefix-cache TTFT, int8 weights and greedy parity, in one process;
     with --structured, JSON-schema validity and the constrained decoding overhead instead; with --long,
-    long-context figures instead (one process per part)."""
+    long-context figures instead (one process per part); with --peer llama-cpp, `tether serve` against
+    llama.cpp's llama-server instead (--repeats interleaved rounds)."""
+    if peer is Peer.LLAMA_CPP:
+        with user_errors():
+            from tether.serving.peer_bench import PeerBenchConfig, run_peer_bench
+
+            peer_config = PeerBenchConfig(
+                model=model,
+                cache_dir=cache_root(ctx, cache_dir),
+                llama_server=llama_server,
+                gguf=gguf,
+                threads=threads,
+                streams=parse_streams(streams),
+                max_tokens=peer_tokens,
+                rounds=repeats,
+                prefix_tokens=prefix_tokens,
+            )
+            with progress_lines() as report:
+                result = run_peer_bench(peer_config, report)
+        _show(result, f"engine bench --peer llama-cpp: {model}", out, as_json)
+        return
     if long:
         with user_errors():
             from tether.engine.long_bench import LongBenchConfig, run_long_bench
@@ -177,6 +240,7 @@ def _rows(result: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
 
 
 def _show(result: dict[str, Any], title: str, out: Path | None, as_json: bool) -> None:
+    warn_if_busy(result["machine"])
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

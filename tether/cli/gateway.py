@@ -19,6 +19,7 @@ from tether.chat.pricing import Tier
 from tether.cli.common import CacheDirOption, cache_root, err_console, print_json, user_errors
 from tether.errors import ConfigError
 from tether.gateway.config import GatewayConfig, load_gateway_config
+from tether.machine import warn_if_busy
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -348,6 +349,7 @@ def bench_command(
 
             result = run_bench(BenchConfig(requests, duration_s, concurrency or 32, warmup)).as_dict()
             title = "gateway bench (instant upstream)"
+    warn_if_busy(result["machine"])
     if as_json:
         print_json(result)
         return

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
+from tether.machine import warn_if_busy
 
 app = typer.Typer(help="RL tools: the training-step and weight-sync benchmarks (training: tether train).")
 
@@ -116,7 +117,9 @@ def sync_table(result: dict[str, Any]) -> Table:
 def show_result(
     result: dict[str, Any], path: Path, as_json: bool, table: Callable[[dict[str, Any]], Table]
 ) -> None:
-    """Write a benchmark's result to `path`, then print it: one JSON object, or its table."""
+    """Write a benchmark's result to `path`, then print it: one JSON object, or its table; a busy
+    machine's warnings go to stderr."""
+    warn_if_busy(result["machine"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -23,6 +23,7 @@ from tether.cli.common import (
     state,
     user_errors,
 )
+from tether.machine import warn_if_busy
 from tether.sandbox.bench import run_benchmark
 from tether.sandbox.factory import open_sandbox
 from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
@@ -330,6 +331,7 @@ def bench_command(
                     spec, slots or 2 * settings.sandbox.slots, runs, fresh_runs, not as_json, insecure, ctx
                 )
             )
+    warn_if_busy(cast(dict[str, Any], result["machine"]))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
@@ -337,5 +339,3 @@ def bench_command(
         print_json(result)
     else:
         console.print(startup_table(result) if startup else bench_table(result))
-    for warning in result["warnings"]:  # type: ignore[attr-defined]
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from tether.engine.bench_machine import MIB, bench_threads, busy_warnings, load_average, machine_info
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.context_limits import resolve_max_model_len
 from tether.engine.long_bench_parts import PARTS, Figures, LongBenchConfig, Part, Progress, Setup
 from tether.errors import TetherError
+from tether.machine import MIB, load_average
 from tether.models.config import ModelConfig, RopeScaling
 from tether.models.loader import resolve
 
@@ -126,11 +127,11 @@ def run_long_bench(config: LongBenchConfig, progress: Progress | None = None) ->
         shutil.rmtree(workdir, ignore_errors=True)
     figures = assemble(config, setup, model_config, results)
     assert config.threads is not None
-    loads = {"at the start": load_start}
-    loads |= {f"after {part.value}": result["load_average_end"] for part, result in results.items()}
-    figures["warnings"] = busy_warnings(config.threads, loads) + goal_warnings(config, figures)
+    loads = {f"after {part.value}": result["load_average_end"] for part, result in results.items()}
+    machine = machine_info(config.threads, load_start, loads)
+    figures["warnings"] = machine["busy_warnings"] + goal_warnings(config, figures)
     figures["part_s"] = {part.value: result["part_s"] for part, result in results.items()}
-    figures["machine"] = machine_info(config.threads, load_start, load_average())
+    figures["machine"] = machine
     figures["duration_s"] = time.perf_counter() - started
     return figures
 

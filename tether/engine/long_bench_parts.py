@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from tether.engine.bench_machine import MIB, peak_rss_mib, reset_peak_rss, rss_mib
 from tether.engine.context_limits import kv_bytes_per_token
 from tether.engine.llm_engine import LLMEngine
 from tether.engine.model_runner import SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
+from tether.machine import MIB, peak_rss_mib, reset_peak_rss, rss_mib
 from tether.models.config import ModelConfig, RopeScaling, UnsupportedModelError
 from tether.models.loader import load_tokenizer
 from tether.models.quantize import REFERENCE_TEXT

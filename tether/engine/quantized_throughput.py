@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tether.engine.bench import Workload, run_engine
-from tether.engine.bench_machine import bench_threads, busy_warnings, load_average, machine_info
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.llm_engine import LLMEngine
+from tether.machine import busy_warnings, load_average
 
 # A fixed prompt per stream: short, so the decode steps (where weights dominate) fill the time.
 PROMPT_TOKENS = 16
@@ -55,6 +56,6 @@ def measure_int8_throughput(
         **results,
         "new_tokens": new_tokens,
         "repeats": repeats,
-        "machine": machine_info(chosen, load_start, load_end),
+        "machine": machine_info(chosen, load_start),
         "warnings": busy_warnings(chosen, {"at the start": load_start, "at the end": load_end}),
     }

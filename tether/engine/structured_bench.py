@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
-from tether.engine.bench_machine import bench_threads, load_average
+from tether.engine.bench_machine import bench_threads, machine_info
 from tether.engine.llm_engine import Completion, LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.engine.sequence import FinishReason
 from tether.engine.structured import StructuredOutput
 from tether.errors import ConfigError
+from tether.machine import load_average
 from tether.models.loader import resolve
 from tether.testing.schemas import random_schema
 
@@ -164,7 +165,6 @@ def run_structured_bench(config: StructuredBenchConfig, progress: Progress | Non
         "repeats": config.repeats,
         "group": config.group,
         "threads": threads,
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
+        "machine": machine_info(threads, load_start),
         "seconds": time.perf_counter() - started,
     }

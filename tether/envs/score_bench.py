@@ -26,6 +26,7 @@ from tether.envs.context import SandboxProvider, ScoringContext
 from tether.envs.episode import Environment
 from tether.envs.errors import EnvError
 from tether.envs.tasks import Task
+from tether.machine import load_average, machine_record, warn_if_busy
 from tether.sandbox.pool import PoolConfig, SandboxUnavailable
 from tether.sandbox.spec import SandboxSpec
 
@@ -69,6 +70,8 @@ class BenchResult:
     # machine the ratio of the two figures says more than either alone.
     baseline_runs_per_s: float = 0.0
     mix: dict[str, int] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    """`tether.machine.machine_record`; threads: the sandbox workers."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +124,7 @@ async def trivial_rate(ctx: ScoringContext, count: int, concurrency: int) -> flo
 
 
 async def run_bench(config: BenchConfig, spec: SandboxSpec | None = None) -> BenchResult:
+    load_start = load_average()
     answers = build_answers(config.answers, config.seed, config.native)
     pool_config = PoolConfig() if config.slots is None else PoolConfig(slots=config.slots)
     rates, baselines, mismatches = [], [], 0
@@ -142,6 +146,7 @@ async def run_bench(config: BenchConfig, spec: SandboxSpec | None = None) -> Ben
         mismatches=mismatches,
         baseline_runs_per_s=round(statistics.median(baselines), 1),
         mix=dict(Counter(answer.env.name for answer in answers)),
+        machine=machine_record(pool_config.slots, load_start),
     )
 
 
@@ -168,6 +173,7 @@ def bench_command(
     except (EnvError, SandboxUnavailable) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    warn_if_busy(result.machine)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
     else:

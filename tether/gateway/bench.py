@@ -32,6 +32,7 @@ from tether.chat.pricing import Tier
 from tether.errors import ConfigError, TetherError
 from tether.gateway.config import GatewayConfig, Limits, Pool
 from tether.gateway.runtime import open_stores
+from tether.machine import load_average, machine_record
 from tether.web import free_port
 
 MODEL = "instant"
@@ -106,6 +107,8 @@ class BenchResult:
     direct_max_rps: float
     requests: int
     concurrency: int
+    machine: dict[str, Any]
+    """`tether.machine.machine_record`; threads: the gateway's one event loop."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,6 +229,7 @@ async def _throughput(base: str, secret: str, config: BenchConfig) -> float:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
+    load_start = load_average()
     upstream_port, gateway_port = free_port(), free_port()
     direct, gateway = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
     with tempfile.TemporaryDirectory(prefix="tether-gw-bench-") as tmp:
@@ -273,4 +277,5 @@ def run_bench(config: BenchConfig) -> BenchResult:
         direct_max_rps=direct_rps,
         requests=config.requests,
         concurrency=config.concurrency,
+        machine=machine_record(1, load_start),
     )

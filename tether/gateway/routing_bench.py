@@ -40,6 +40,7 @@ from tether.errors import ConfigError, TetherError
 from tether.gateway.config import GatewayConfig, Limits, Pool, Routing
 from tether.gateway.prefix_key import load_tokenizer
 from tether.gateway.runtime import open_stores, running_gateway
+from tether.machine import load_average, machine_record
 from tether.web import free_port
 
 _TEXT = """river stone lantern orbit maple signal harbor quartz meadow ember vector canyon saddle prism
@@ -156,8 +157,9 @@ class RoutingBenchResult:
     prompt_tokens_min: int
     kv_cache_mib: int
     kv_prefixes_per_replica: float
-    load_average_1m: float
     wall_s: float
+    machine: dict[str, Any]
+    """`tether.machine.machine_record`; threads: the engine replicas sharing the cores."""
     routed_prefix_pool: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -400,6 +402,7 @@ def _measure(
 
 def run_routing_bench(config: RoutingBenchConfig) -> RoutingBenchResult:
     began = time.monotonic()
+    load_start = load_average()
     tokenizer = load_tokenizer(str(config.model), "bench")
     prompts = system_prompts(tokenizer, config.prompts, config.prompt_tokens, config.seed)
     per_prompt = max(len(tokenizer.encode(p)) for p in prompts) + 64  # the template and the question
@@ -445,7 +448,7 @@ def run_routing_bench(config: RoutingBenchConfig) -> RoutingBenchResult:
         prompt_tokens_min=min((o.prompt_tokens for o in prefix.ok), default=0),
         kv_cache_mib=kv_mib,
         kv_prefixes_per_replica=round(kv_tokens / per_prompt, 2),
-        load_average_1m=os.getloadavg()[0],
         wall_s=round(time.monotonic() - began, 1),
+        machine=machine_record(config.replicas, load_start),
         routed_prefix_pool=routed,
     )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 from enum import Enum
-from pathlib import Path
 
 import torch
 
-CPU_INFO = Path("/proc/cpuinfo")
+# Read by /proc alone, so they live below every subsystem; re-exported for the kernels' callers.
+from tether.machine import CPU_INFO as CPU_INFO
+from tether.machine import cpu_flags as cpu_flags
+from tether.machine import cpu_model as cpu_model
 
 
 class CpuFeature(Enum):
@@ -33,15 +35,6 @@ USES = {
 }
 
 
-def cpu_flags(cpuinfo: str) -> frozenset[str]:
-    """The instruction-set flags of the first processor listed in /proc/cpuinfo's text."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
 def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> frozenset[CpuFeature]:
     """The features from the CPU's flags and what torch reports for its oneDNN build."""
     found = set()
@@ -54,19 +47,6 @@ def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> froze
         if onednn_bf16:
             found.add(CpuFeature.ONEDNN_BF16)
     return frozenset(found)
-
-
-def cpu_model() -> str:
-    """The CPU's name as /proc/cpuinfo gives it, or `unknown`."""
-    try:
-        text = CPU_INFO.read_text()
-    except OSError:
-        return "unknown"
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "unknown"
 
 
 @functools.cache

@@ -16,18 +16,13 @@ from pathlib import Path
 
 import torch
 
+from tether.machine import available_cores as available_cores  # re-exported: it moved below models
+
 PROC_STAT = Path("/proc/stat")
 # A core at least half idle counts as free. Three quarters was too strict: on an otherwise quiet machine
 # the kernel's own housekeeping and a shell left 1.7 idle cores of 2 in a 0.2 s sample, and a benchmark
 # ran on one thread. Where other work keeps a core half busy, engine lanes (`ModelRunner`) cost less.
 FREE_CORE_THRESHOLD = 0.5
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def cpu_times(stat_text: str) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from tether.envs.bench import BENCH_ENV, reward
 from tether.envs.registry import default_registry
 from tether.envs.tasks import Task
 from tether.errors import ConfigError
+from tether.machine import load_average
 from tether.rl.config import TrainConfig, parse_config
 from tether.rl.sections import Mode
 
@@ -264,8 +265,10 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
     """Run tether sync, tether async and (if asked) TRL on the same steps; the JSON-ready result."""
     import torch
 
+    from tether.engine.bench_machine import machine_info
     from tether.models.threads import configure_threads
 
+    load_start = load_average()
     threads = configure_threads()
     work = Path(tempfile.mkdtemp(prefix="tether-rl-bench-"))
     runs: dict[str, dict[str, Any]] = {}
@@ -299,6 +302,9 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
         "cores": os.cpu_count(),
         "load_average_1m": load,  # before and after each run: the machine may be shared
         **runs,
+        "machine": machine_info(
+            threads, load_start, {f"after {name}": after for name, (_before, after) in load.items()}
+        ),
     }
     if "trl" in runs:
         sync = runs["tether_sync"]

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tether.engine.bench_machine import busy_warnings, load_average, machine_info
+from tether.engine.bench_machine import machine_info
 from tether.envs.context import SandboxProvider
 from tether.envs.registry import EnvRegistry
+from tether.machine import busy_warnings, load_average
 from tether.models.threads import configure_threads
 from tether.rl.builders import build_trainer
 from tether.rl.config import TrainConfig
@@ -165,6 +166,6 @@ def run_busy_start(
         "mode": train.run.mode.value,
         "model": train.model.name,
         "phases": {name: asdict(phase) for name, phase in phases.items()},
-        "machine": machine_info(idle.threads_at_start, idle.load_average_start, busy.load_average_end),
+        "machine": machine_info(idle.threads_at_start, idle.load_average_start),
         "warnings": busy_warnings(idle.threads_at_start, loads),
     }

@@ -31,6 +31,7 @@ import torch
 
 from tether.engine.weight_sync import WeightSender, WeightSyncConfig
 from tether.errors import ConfigError
+from tether.machine import machine_record
 from tether.models.precision import resolve_device
 
 Progress = Callable[[str], None]
@@ -265,7 +266,9 @@ def run_sync_bench(config: SyncBenchConfig, progress: Progress = lambda _: None)
         "learner_steps": config.learner_steps,
         "torch_threads_per_engine": 1,
         "cores": os.cpu_count(),
-        "loadavg": [round(load_before, 2), round(load_after, 2)],
+        "machine": machine_record(
+            config.engines, round(load_before, 2), {"after the transfers": round(load_after, 2)}
+        ),
     }
 
 

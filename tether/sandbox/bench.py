@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tether.sandbox.bench_machine import MachineLoad, available_cores, load_average
+from tether.machine import available_cores, load_average, machine_record
 from tether.sandbox.pool import SandboxPool
 from tether.sandbox.result import RunStatus
 
@@ -91,15 +91,14 @@ async def run_benchmark(
     warmup_runs: int = 20,
     on_run: Callable[[], None] | None = None,
 ) -> dict[str, object]:
-    concurrency = pool.config.slots
     load_start = load_average()
+    concurrency = pool.config.slots
     await run_phase(pool, warmup_runs, concurrency, warm=True, phase=Phase())
     warm, fresh = Phase(), Phase()
     for round_index in range(rounds):
         share = slice(round_index, None, rounds)
         await run_phase(pool, len(range(pool_runs)[share]), concurrency, True, warm, on_run)
         await run_phase(pool, len(range(fresh_runs)[share]), concurrency, False, fresh, on_run)
-    load = MachineLoad(concurrency, load_start, load_average())
     return {
         "snippet": SNIPPET,
         **warm.summary("pool"),
@@ -110,6 +109,5 @@ async def run_benchmark(
         "cpus": available_cores(),
         "python": platform.python_version(),
         "isolation": "user+pid+net+mount+ipc+uts namespaces, per-run cgroups, seccomp, read-only root",
-        "machine": load.info(),
-        "warnings": load.busy_warnings(),
+        "machine": machine_record(pool.config.slots, load_start),
     }

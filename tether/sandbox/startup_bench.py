@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tether.errors import TetherError
-from tether.sandbox.bench_machine import MachineLoad, available_cores, load_average
+from tether.machine import available_cores, load_average, machine_record
 from tether.sandbox.humaneval import load_problems
 
 TRIVIAL = b"print(1)\n"
@@ -71,7 +71,6 @@ def run_startup_benchmark(
         for _ in range(repeats):
             for name, (argv, stdin) in commands.items():
                 times[name].append(timed(argv, stdin, folder))
-        load = MachineLoad(available_cores(), load_start, load_average())
     medians = {name: statistics.median(values) for name, values in times.items()}
     result: dict[str, object] = {f"{name}_s": round(value, 3) for name, value in medians.items()}
     result["sandbox_run_over_python"] = round(medians["sandbox_run"] / medians["python_print"], 2)
@@ -80,6 +79,5 @@ def run_startup_benchmark(
         result["humaneval_speedup_vs_harness"] = round(speedup, 2)
     result["repeats"] = repeats
     result["all_s"] = {name: [round(value, 3) for value in values] for name, values in times.items()}
-    result["machine"] = load.info()
-    result["warnings"] = load.busy_warnings()
+    result["machine"] = machine_record(available_cores(), load_start)
     return result

@@ -77,11 +77,14 @@ def serve(
     max_pending_requests: int = 1024,
     log_level: str = "info",
     listener: socket.socket | None = None,
+    threads: int | None = None,
     **engine_options: Any,
 ) -> None:
     """Take host:port (unless given its `listener`, from `listen`), load `model` (a folder or a cached
     registered name) on `device` in `dtype` (with `rope_scaling` instead of its own, holding sequences of
-    `max_model_len`: `LLMEngine.from_pretrained`), then serve it with uvicorn until interrupted."""
+    `max_model_len`: `LLMEngine.from_pretrained`), then serve it with uvicorn until interrupted. On the
+    CPU it follows the free cores, unless given `threads`, which it then keeps (a benchmark against
+    another server compares both at the same thread count)."""
     import uvicorn
 
     from tether.engine.llm_engine import LLMEngine
@@ -90,8 +93,11 @@ def serve(
     sock = listener or listen(host, port)
     with sock:
         if torch.device(device).type == "cpu":  # CPU threads matter only where the model computes on them
-            configure_threads()
-            engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
+            if threads is None:
+                configure_threads()
+                engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
+            else:
+                torch.set_num_threads(threads)
         engine, tokenizer = LLMEngine.from_pretrained(
             model,
             kv_cache_mib=kv_cache_mib,
