@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tether.envs.registry import EnvRegistry
 from tether.models.threads import available_cores
 from tether.rl.busy_start import BusyStartConfig, PhaseResult, ThreadSample, run_busy_start
 
-from .fake_envs import fake_registry
+from .fake_envs import reward_env
 from .test_trainer import tiny_config
 
 ROOT = Path(__file__).parents[2]
@@ -53,19 +55,29 @@ def test_the_hog_must_last(tmp_path: Path) -> None:
 def test_smoke_busy_start_reports_the_ratio_and_redecides_once_the_hog_stops(
     tiny_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """Tiny model, 2 s of hog, windows of 0.25 s: a few seconds in all."""
+    """Tiny model, 2 s of hog, windows of 0.25 s: a few seconds in all. Scoring waits 60 ms a sample
+    (no CPU; 2.4 s in 40 steps even if a step scores its samples at once), so each phase outlasts the hog
+    however fast the machine is."""
+
+    async def slow_reward(_: object) -> float:
+        await asyncio.sleep(0.06)
+        return 1.0
+
+    registry = EnvRegistry()
+    registry.add(reward_env("test/slow", slow_reward))
     train = tiny_config(
         tiny_model("qwen3"),
         tmp_path,
         run={"steps": 40, "checkpoint_every": 1000, "threads_window_s": 0.25},
         rollout={"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 8},
+        envs={"weights": {"test/slow": 1.0}},
     )
-    report = run_busy_start(BusyStartConfig(train, hog_s=2.0), registry=fake_registry())
+    report = run_busy_start(BusyStartConfig(train, hog_s=2.0), registry=registry)
     json.dumps(report)  # the report is plain JSON
     assert math.isfinite(report["busy_start_speed_ratio"]) and report["busy_start_speed_ratio"] > 0
     idle, busy = report["phases"]["idle"], report["phases"]["busy_start"]
     assert idle["hog_stopped_s"] is None
-    assert busy["hog_stopped_s"] == pytest.approx(2.0, abs=1.0)
+    assert busy["hog_stopped_s"] == pytest.approx(2.0, abs=1.0), busy
     assert busy["wall_s"] > busy["hog_stopped_s"], "the run outlasted the hog"
     assert report["redecided_after_hog"], busy["threads"]
     for phase in (idle, busy):
