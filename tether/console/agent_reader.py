@@ -11,7 +11,6 @@ the worker holding the task now is the task's owner.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,13 +30,12 @@ from tether.store.records import (
     TaskStatus,
     ToolCallRecord,
 )
+from tether.tools.builtin import read_run
 
 # Agent tasks are priced as gateway traffic of the standard tier would be: what the same tokens cost there.
 PRICE = DEFAULT_PRICES[Tier.STANDARD]
 # How many of the newest steps a task page shows before "load earlier".
 PAGE_STEPS = 50
-_STATUS = re.compile(r"^status: (\S+)", re.MULTILINE)
-_EXIT_CODE = re.compile(r"^exit code: (-?\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,8 +217,7 @@ def _arguments_text(call: ToolCallRecord) -> str:
 def _call_view(call: ToolCallRecord, ran_from: float) -> CallView:
     observation = call.observation
     output = None if observation is None else str(observation.get("content", ""))
-    status = _STATUS.search(output or "")
-    exit_code = _EXIT_CODE.search(output or "")
+    status, exit_code = read_run(output or "")
     took = None if call.observed_at is None else max(0.0, call.observed_at - ran_from)
     return CallView(
         index=call.call_index,
@@ -228,8 +225,8 @@ def _call_view(call: ToolCallRecord, ran_from: float) -> CallView:
         arguments=_arguments_text(call),
         output=output,
         error=bool(observation and observation.get("error")),
-        run_status=status.group(1) if status and call.tool in ("shell", "python") else None,
-        exit_code=int(exit_code.group(1)) if exit_code else None,
+        run_status=status if call.tool in ("shell", "python") else None,
+        exit_code=exit_code,
         executions=call.executions,
         took_s=took,
     )

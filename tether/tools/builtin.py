@@ -29,6 +29,17 @@ def describe_run(result: RunResult) -> str:
     return "\n".join(parts)
 
 
+def read_run(text: str) -> tuple[str | None, int | None]:
+    """The status and exit code at the head of a `describe_run` text (None for what it does not start
+    with): only its first two lines count, so a program that prints `exit code: 5` cannot pose as one."""
+    lines = text.split("\n", 2)
+    status = lines[0].removeprefix("status: ") if lines[0].startswith("status: ") else None
+    second = lines[1] if status is not None and len(lines) > 1 else ""
+    code = second.removeprefix("exit code: ")
+    exit_code = int(code) if second.startswith("exit code: ") and code.lstrip("-").isdigit() else None
+    return status, exit_code
+
+
 async def _run(workspace: Workspace, code: str, language: str) -> str:
     try:
         result = await workspace.run(code, language)
