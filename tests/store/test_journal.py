@@ -20,7 +20,7 @@ from tether.store import (
     UnknownTask,
     idempotency_key,
 )
-from tether.store.journal import journal_exists
+from tether.store.database import journal_exists
 
 
 @pytest.fixture(params=BACKENDS)

@@ -58,7 +58,8 @@ def describe_check(task: TaskRecord) -> str | None:
 def readable_journal(config: AgentsConfig) -> Journal | None:
     """The journal to read, or None where none was ever created. Reading does not create one: a mistyped
     --home would otherwise leave an empty store behind and look like a machine without tasks."""
-    from tether.store.journal import Journal, journal_exists
+    from tether.store.database import journal_exists
+    from tether.store.journal import Journal
 
     if not journal_exists(config.store_url):
         return None
@@ -67,7 +68,7 @@ def readable_journal(config: AgentsConfig) -> Journal | None:
 
 def missing_journal(config: AgentsConfig) -> str:
     """Only an SQLite journal can be missing: it names the file."""
-    from tether.store.journal import sqlite_path
+    from tether.store.database import sqlite_path
 
     return (
         f"the journal {sqlite_path(config.store_url)} does not exist yet "

@@ -10,7 +10,8 @@ from tether.agents.families import FAMILIES
 from tether.agents.roles import PRESET_ROLES
 from tether.agents.service import AgentsConfig, AgentStack
 from tether.console.errors import not_configured
-from tether.store.journal import Journal, journal_exists, sqlite_path
+from tether.store.database import journal_exists, sqlite_path
+from tether.store.journal import Journal
 
 
 class ConsoleAgents:

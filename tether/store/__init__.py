@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tether.store.artifacts import ArtifactMissing, ArtifactStore
-    from tether.store.journal import Journal, LeaseLost, UnknownTask, make_engine
+    from tether.store.database import make_engine
+    from tether.store.journal import Journal, LeaseLost, UnknownTask
     from tether.store.records import (
         StepRecord,
         StepStatus,
@@ -33,7 +34,7 @@ _EXPORTS = {
     "ToolCallRecord": "tether.store.records",
     "UnknownTask": "tether.store.journal",
     "idempotency_key": "tether.store.records",
-    "make_engine": "tether.store.journal",
+    "make_engine": "tether.store.database",
     "messages_digest": "tether.store.records",
 }
 

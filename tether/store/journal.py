@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from tether.errors import ConfigError, TetherError
+from tether.store.database import READ_ONLY, journal_tables, make_engine, sqlite_path
 from tether.store.records import (
     JsonDict,
     StepRecord,
@@ -41,101 +41,6 @@ class LeaseLost(TetherError):
     """Another worker holds the task now; this worker must stop writing and acting for it."""
 
 
-def _tables(prefix: str) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
-    meta = sa.MetaData()
-    tasks = sa.Table(
-        f"{prefix}tasks",
-        meta,
-        sa.Column("task_id", sa.String(128), primary_key=True),
-        sa.Column("spec", sa.Text, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.Column("updated_at", sa.Float, nullable=False),
-        sa.Column("owner", sa.String(128)),
-        sa.Column("lease_epoch", sa.Integer, nullable=False, default=0),
-        sa.Column("lease_expires_at", sa.Float, nullable=False, default=0.0),
-        sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
-        sa.Column("result", sa.Text),
-        sa.Column("error", sa.Text),
-    )
-    steps = sa.Table(
-        f"{prefix}steps",
-        meta,
-        sa.Column("task_id", sa.String(128), primary_key=True),
-        sa.Column("step_no", sa.Integer, primary_key=True),
-        sa.Column("epoch", sa.Integer, nullable=False),
-        sa.Column("role", sa.String(64), nullable=False),
-        sa.Column("message", sa.Text, nullable=False),
-        sa.Column("usage", sa.Text, nullable=False),
-        sa.Column("messages_in", sa.Integer, nullable=False),
-        sa.Column("messages_in_digest", sa.String(64), nullable=False),
-        sa.Column("started_at", sa.Float, nullable=False),
-        sa.Column("model_done_at", sa.Float, nullable=False),
-        sa.Column("committed_at", sa.Float),
-        sa.Column("snapshot_key", sa.String(256)),
-    )
-    tool_calls = sa.Table(
-        f"{prefix}tool_calls",
-        meta,
-        sa.Column("idempotency_key", sa.String(256), primary_key=True),
-        sa.Column("task_id", sa.String(128), nullable=False, index=True),
-        sa.Column("step_no", sa.Integer, nullable=False),
-        sa.Column("call_index", sa.Integer, nullable=False),
-        sa.Column("tool", sa.String(128), nullable=False),
-        sa.Column("arguments", sa.Text, nullable=False),
-        sa.Column("intent_at", sa.Float, nullable=False),
-        sa.Column("executions", sa.Integer, nullable=False, default=0),
-        sa.Column("observation", sa.Text),
-        sa.Column("observed_at", sa.Float),
-    )
-    return meta, tasks, steps, tool_calls
-
-
-_READ_ONLY = "tether_read_only"
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    # WAL lets readers (`agent ls`, `logs --follow`) run beside the workers; NORMAL syncs at checkpoints,
-    # so a killed process loses nothing and a power loss can only drop the newest, unacted-on commits.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
-
-
-def make_engine(url: str) -> Engine:
-    """An SQLAlchemy engine for `sqlite:///PATH` or `postgresql+psycopg://...` (`postgresql://` works too)."""
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    if not (url.startswith("sqlite:///") or url.startswith("postgresql+psycopg://")):
-        raise ConfigError(f"store url {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
-    if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30, "isolation_level": None})
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
-
-        # pysqlite's own transaction handling is off (isolation_level None); SQLAlchemy's BEGIN is
-        # issued here so a transaction that writes takes the write lock at once instead of upgrading.
-        @sa.event.listens_for(engine, "begin")
-        def _begin(conn: Connection) -> None:
-            reading = conn.get_execution_options().get(_READ_ONLY, False)
-            conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
-
-        return engine
-    return sa.create_engine(url, pool_pre_ping=True)
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///PATH` URL; None for a server database."""
-    return Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
-
-
-def journal_exists(url: str) -> bool:
-    """False only for an SQLite journal whose file was never created (nothing was submitted there)."""
-    path = sqlite_path(url)
-    return path is None or path.is_file()
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
@@ -152,7 +57,7 @@ class Journal:
         if path is not None:  # SQLite creates the file, not the directories above it
             path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._meta, self.tasks, self.steps_table, self.tool_calls = _tables(table_prefix)
+        self._meta, self.tasks, self.steps_table, self.tool_calls = journal_tables(table_prefix)
         self._meta.create_all(self.engine)
         self._prepare_hot_statements()
 
@@ -199,7 +104,7 @@ class Journal:
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         with self.engine.connect() as conn:
-            yield conn.execution_options(**{_READ_ONLY: True})
+            yield conn.execution_options(**{READ_ONLY: True})
 
     def _insert_ignoring_duplicates(self, table: sa.Table, rows: list[JsonDict], conn: Connection) -> int:
         if not rows:
