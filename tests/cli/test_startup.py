@@ -154,3 +154,14 @@ def test_no_command_module_imports_anything_heavy_at_the_top() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert not set(done.stdout.split()).intersection(HEAVY)
+
+
+def test_a_local_sandbox_run_imports_neither_the_fleet_client_nor_yaml(tmp_path: Path) -> None:
+    # A run in this process's own pool needs neither the fleet's HTTP client nor a YAML parser (only
+    # a YAML spec file does): each cost every `sandbox run` and `sandbox humaneval` a share of its start.
+    program = tmp_path / "hello.py"
+    program.write_text("print(6 * 7)\n")
+    run = _tether(["sandbox", "run", str(program)], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "42" in run.stdout
+    assert not run.modules.intersection({"httpx", "yaml"}), sorted(run.modules & {"httpx", "yaml"})

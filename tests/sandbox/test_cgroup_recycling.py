@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
 
 HOG = "chunks = []\nwhile True:\n    chunks.append(bytearray(8 << 20))"
@@ -29,3 +31,32 @@ async def test_a_recycled_group_takes_the_limits_of_the_next_run() -> None:
         assert roomy.status is RunStatus.OK and roomy.stdout == "100\n"
         tight = await pool.run(HOG, spec=SandboxSpec(memory_mib=64))
         assert tight.status is RunStatus.MEMORY_LIMIT
+
+
+def _procs_descriptors() -> list[str]:
+    """This process's open descriptors on a `cgroup.procs` file."""
+    targets = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            continue
+    return [target for target in targets if target.endswith("/cgroup.procs")]
+
+
+async def test_a_recycled_group_hands_every_run_the_same_descriptors_and_closing_frees_them() -> None:
+    # The group opens its `cgroup.procs` once and keeps it until removed: many runs must not add a
+    # descriptor per run (a leak), each run must still join the group, and closing the pool closes all.
+    before = _procs_descriptors()
+    async with SandboxPool(SandboxSpec(timeout_s=10), PoolConfig(slots=1)) as pool:
+        code = "print(open('/proc/self/cgroup').read())"
+        runs = [await pool.run(code) for _ in range(5)]
+        assert all(run.status is RunStatus.OK and run.qc == "passed" for run in runs), runs
+        if pool.layout is None:
+            return
+        held = len(_procs_descriptors()) - len(before)
+        assert held == len(pool.layout.directories) * len(pool._cgroups), held
+        (group,) = pool._cgroups
+        name = group.directories[0].rsplit("/", 1)[-1]
+        assert all(name in run.stdout for run in runs), "a run did not join its group"
+    assert _procs_descriptors() == before

@@ -80,7 +80,7 @@ def test_real_run_cgroup_counts_an_oom_kill() -> None:
     group = RunCgroup(layout, "oom")
     group.create(CgroupLimits(memory_bytes=32 << 20, pids_max=8, cpu_cores=1))
     try:
-        fds = group.open_procs()
+        fds = group.procs_fds()
         pid = os.fork()
         if pid == 0:
             for fd in fds:
@@ -88,8 +88,6 @@ def test_real_run_cgroup_counts_an_oom_kill() -> None:
             hog = bytearray()
             while True:
                 hog += b"x" * (1 << 20)
-        for fd in fds:
-            os.close(fd)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status)
         stats = group.stats()

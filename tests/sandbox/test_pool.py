@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tether.errors import ConfigError
-from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec
+from tether.sandbox import PoolConfig, RunStatus, SandboxPool, SandboxSpec, forkserver
 from tether.sandbox.cgroups import CgroupStats, RunCgroup
 from tether.sandbox.protocol import StepOutcome
 from tether.sandbox.result import classify
@@ -85,6 +85,42 @@ async def test_warm_python_runs_as_main_with_a_fresh_namespace(pool: SandboxPool
     second = await pool.run("import json\nprint(hasattr(json, 'LEAK'), 'X' in globals(), __file__)")
     assert first.stdout == "__main__\n"
     assert second.stdout == "False False /workspace/main.py\n"
+
+
+async def test_each_warm_run_gets_its_own_random_sequence(pool: SandboxPool) -> None:
+    # The fork server forks without Python's at-fork handlers, random's reseed among them: the run
+    # must still be seeded afresh, as `python3 script` would be, not replay the server's sequence.
+    code = "import random\nprint(random.getrandbits(64))"
+    results = [await pool.run(code) for _ in range(4)]
+    assert all(r.status is RunStatus.OK for r in results), results
+    assert len({r.stdout for r in results}) == 4
+
+
+async def test_runs_fork_from_the_package_the_host_runs(pool: SandboxPool) -> None:
+    # The fork server must import this very checkout, not whichever `tether` its site finds first
+    # (an editable install of another checkout): runs execute its code.
+    code = "import sys\nprint(sys.modules['tether.sandbox.forkserver'].__file__)"
+    result = await pool.run(code)
+    assert result.status is RunStatus.OK, result
+    assert result.stdout.strip() == forkserver.__file__
+
+
+async def test_a_warm_run_sees_one_consistent_main_thread(pool: SandboxPool) -> None:
+    # Forked without threading's at-fork handler: the run's thread table must still name it the main
+    # thread, and a thread it starts must run and be joined at exit.
+    code = (
+        "import threading\n"
+        "assert threading.current_thread() is threading.main_thread()\n"
+        "assert threading.main_thread().ident == threading.get_ident()\n"
+        "done = []\n"
+        "worker = threading.Thread(target=lambda: done.append(threading.active_count()))\n"
+        "worker.start(); worker.join()\n"
+        "print(done, threading.active_count())"
+    )
+    for _ in range(2):
+        result = await pool.run(code)
+        assert result.status is RunStatus.OK, result
+        assert result.stdout == "[2] 1\n"
 
 
 async def test_crash_by_signal_is_a_runtime_error(pool: SandboxPool) -> None:

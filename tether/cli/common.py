@@ -181,11 +181,12 @@ def pool_config(settings: TetherSettings, slots: int | None = None, insecure: bo
 
 def fleet_config(settings: TetherSettings) -> FleetConfig | None:
     """The fleet `[sandbox] fleet` or `discovery` names; None when runs stay in this process."""
-    from tether.sandbox.fleet import FleetConfig
-
     sandbox = settings.sandbox
     if not sandbox.remote:
         return None
+    # Only here: the fleet client's imports (httpx) cost a local run's command a tenth of a second.
+    from tether.sandbox.fleet import FleetConfig
+
     return FleetConfig(endpoints=tuple(sandbox.fleet), discovery=sandbox.discovery)
 
 

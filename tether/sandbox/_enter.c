@@ -35,6 +35,8 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -257,7 +259,116 @@ static PyObject *py_set_process_name(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/*
+ * The fork server's loop (see forkserver.py), in C: between two forks the server runs no Python, so it
+ * writes almost none of the pages its children share with it (each such write is a copy-on-write fault
+ * in the server or the child), and the child leaves through a plain fork(), not os.fork(): Python's
+ * at-fork handlers (threading re-creates its locks and thread table, random reseeds) would touch
+ * hundreds of shared pages in every run. The server is single-threaded, so there is no lock or thread
+ * for them to reset; `random` is reseeded by the warm runner, as a fresh interpreter would seed it.
+ */
+#define MAX_RUN_FDS 16
+#define EXIT_REPORT_BYTES (sizeof(int) + 2 * sizeof(double))
+
+static int receive_run_fds(int channel, int *fds) {
+    char byte;
+    struct iovec io = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buffer[CMSG_SPACE(MAX_RUN_FDS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct msghdr message = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control.buffer,
+                             .msg_controllen = sizeof(control.buffer)};
+    ssize_t got;
+    do got = recvmsg(channel, &message, 0);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0) return 0;
+    int count = 0;
+    for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header != NULL; header = CMSG_NXTHDR(&message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+        int n = (int)((header->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < n && count < MAX_RUN_FDS; i++) memcpy(&fds[count++], CMSG_DATA(header) + i * sizeof(int), sizeof(int));
+    }
+    if (message.msg_flags & MSG_CTRUNC) {  /* a request cut short is refused: the server ends */
+        for (int i = 0; i < count; i++) close(fds[i]);
+        return 0;
+    }
+    return count;
+}
+
+static int send_pidfd(int channel, int pidfd) {
+    char tag = 'p';
+    struct iovec io = {.iov_base = &tag, .iov_len = 1};
+    union {
+        char buffer[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof(control));
+    struct msghdr message = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control.buffer,
+                             .msg_controllen = sizeof(control.buffer)};
+    struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(header), &pidfd, sizeof(int));
+    ssize_t sent;
+    do sent = sendmsg(channel, &message, 0);
+    while (sent < 0 && errno == EINTR);
+    return sent == 1 ? 0 : -1;
+}
+
+static PyObject *serve_forks(PyObject *module, PyObject *args) {
+    int channel, own_pid_ns;
+    if (!PyArg_ParseTuple(args, "ii", &channel, &own_pid_ns)) return NULL;
+    int fds[MAX_RUN_FDS];
+    for (;;) {
+        int count = receive_run_fds(channel, fds);
+        if (count == 0) Py_RETURN_NONE;
+        if (unshare(CLONE_NEWPID) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+        pid_t pid = fork();
+        if (pid == 0) {
+            PyObject *run_fds = PyTuple_New(count);
+            if (run_fds == NULL) _exit(SETUP_FAILED_EXIT);
+            for (int i = 0; i < count; i++) PyTuple_SET_ITEM(run_fds, i, PyLong_FromLong(fds[i]));
+            return run_fds;
+        }
+        int fork_errno = errno;
+        if (setns(own_pid_ns, CLONE_NEWPID) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+        for (int i = 0; i < count; i++) close(fds[i]);
+        if (pid < 0) {
+            errno = fork_errno;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        int sent = pidfd >= 0 ? send_pidfd(channel, pidfd) : -1;
+        if (pidfd >= 0) close(pidfd);
+        if (sent != 0) kill(pid, SIGKILL);  /* the zygote is gone or the run cannot be watched */
+        int status;
+        struct rusage usage;
+        pid_t waited;
+        do waited = wait4(pid, &status, 0, &usage);
+        while (waited < 0 && errno == EINTR);
+        if (waited < 0) return PyErr_SetFromErrno(PyExc_OSError);
+        if (sent != 0) Py_RETURN_NONE;
+        char report[EXIT_REPORT_BYTES];
+        double user_s = (double)usage.ru_utime.tv_sec + (double)usage.ru_utime.tv_usec / 1e6;
+        double system_s = (double)usage.ru_stime.tv_sec + (double)usage.ru_stime.tv_usec / 1e6;
+        memcpy(report, &status, sizeof(int));
+        memcpy(report + sizeof(int), &user_s, sizeof(double));
+        memcpy(report + sizeof(int) + sizeof(double), &system_s, sizeof(double));
+        ssize_t done;
+        do done = send(channel, report, sizeof(report), 0);
+        while (done < 0 && errno == EINTR);
+        if (done != (ssize_t)sizeof(report)) Py_RETURN_NONE;
+    }
+}
+
 static PyMethodDef methods[] = {
+    {"serve_forks", (PyCFunction)serve_forks, METH_VARARGS,
+     "serve_forks(channel_fd, own_pid_ns_fd) -> tuple[int, ...] | None\n\n"
+     "The fork server's loop: for each request of descriptors on the channel, fork a run as PID 1 of a "
+     "new PID namespace, answer its pidfd, then its wait status and CPU time. Returns None in the server "
+     "once the channel closes, and the request's descriptors in each forked run."},
     {"unshare", (PyCFunction)py_unshare, METH_O, "unshare(flags): unshare(2)."},
     {"setns", (PyCFunction)py_setns, METH_VARARGS, "setns(fd, nstype): setns(2)."},
     {"set_process_name", (PyCFunction)py_set_process_name, METH_O, "Name the calling thread (15 bytes)."},

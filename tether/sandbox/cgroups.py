@@ -170,6 +170,7 @@ class RunCgroup:
         self._procs_file = f"{self.paths['pids']}/cgroup.procs"
         self.limits: CgroupLimits | None = None  # the limits last written, so a recycled group skips them
         self._oom_kills_before = 0  # the OOM-kill counter when the group was last recycled
+        self._procs_fds: list[int] = []  # opened once, handed to every run of the group, closed on removal
 
     def create(self, limits: CgroupLimits) -> None:
         for directory in self.directories:
@@ -208,11 +209,23 @@ class RunCgroup:
             _write(f"{group}/cpu.max", f"{quota} {CPU_PERIOD_US}")
         self.limits = limits
 
-    def open_procs(self) -> list[int]:
-        """Write-only descriptors of each group's `cgroup.procs`; writing "0" moves the writer in."""
-        return [
-            os.open(f"{directory}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for directory in self.directories
-        ]
+    def procs_fds(self) -> list[int]:
+        """Write-only descriptors of each group's `cgroup.procs`; writing "0" moves the writer in.
+
+        The group keeps them until it is removed: a recycled group's next run gets the same ones (the
+        sandbox receives copies and closes them), which spares every run opening and closing them.
+        """
+        if not self._procs_fds:
+            self._procs_fds = [
+                os.open(f"{directory}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                for directory in self.directories
+            ]
+        return self._procs_fds
+
+    def _close_procs_fds(self) -> None:
+        for fd in self._procs_fds:
+            os.close(fd)
+        self._procs_fds = []
 
     def stats(self) -> CgroupStats:
         if self.layout.version is CgroupVersion.V1:
@@ -233,9 +246,10 @@ class RunCgroup:
             return set()
 
     def recycle(self) -> bool:
-        """Make the group as a new one for the next run: empty, its memory uncharged, its peak and OOM
-        kills reset. False when it cannot be (a process is left, v2, the kernel refused): remove it then."""
-        if self.layout.version is not CgroupVersion.V1 or self.live_pids():
+        """Make the group, which the caller found empty (`live_pids`), as a new one for the next run: its
+        memory uncharged, its peak and OOM kills reset. False when it cannot be (v2, the kernel refused):
+        remove it then. No process can enter it meanwhile: only this process holds its `cgroup.procs`."""
+        if self.layout.version is not CgroupVersion.V1:
             return False
         memory = self.paths["memory"]
         try:
@@ -249,6 +263,7 @@ class RunCgroup:
 
     def remove(self, grace_s: float = 2.0) -> bool:
         """Remove the groups, killing whatever is left in them first. False if that failed."""
+        self._close_procs_fds()
         deadline = time.monotonic() + grace_s
         remaining = list(self.directories)
         while remaining:

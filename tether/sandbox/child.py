@@ -45,6 +45,11 @@ def become_run(plan_fd: int, run_fds: list[int], seccomp_bpf: bytes) -> None:
                 continue
         os._exit(SETUP_FAILED_EXIT)
     os.close(STATUS_FD)
+    # The fork skipped Python's at-fork handlers (see `_enter.serve_forks`): seeded afresh here, as
+    # `python3 script` would be, no two runs share a random sequence.
+    random_module = sys.modules.get("random")
+    if random_module is not None:
+        random_module.seed()
     code = 1
     try:
         code = _run_warm_python(script, dict(entry.split("=", 1) for entry in environment))

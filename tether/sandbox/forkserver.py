@@ -5,12 +5,14 @@ so it holds no remnant of any run (a warm Python run can read all the memory it 
 of the zygote's modules either (each mapping and page it carries costs every run at fork and exit).
 It imports the preloaded modules, then, per request, forks a run as PID 1 of a new PID namespace,
 answers the run's pidfd, and, once the run has exited, its wait status and CPU time (the run reaps
-every descendant into its own rusage). It only ever receives descriptors: the plan is a memfd that
-the forked child reads itself, so nothing a run sends or prints reaches this process's memory.
+every descendant into its own rusage). That loop is C (`_enter.serve_forks`): it runs no Python
+between forks and skips Python's at-fork handlers, whose page writes every run would copy. It only
+ever receives descriptors: the plan is a memfd that the forked child reads itself, so nothing a run
+sends or prints reaches this process's memory.
 
-Started as `python -I -c "..." CHANNEL_FD`; the zygote then sends the seccomp filter (b"B" + program),
-the modules to preload (b"P" + newline-separated names) and a scratch path for its rehearsal (b"R" +
-path, see `child.rehearse`), and waits for b"ready".
+Started as `python -I -c "..." PACKAGE_ROOT CHANNEL_FD`; the zygote then sends the seccomp filter
+(b"B" + program), the modules to preload (b"P" + newline-separated names) and a scratch path for its
+rehearsal (b"R" + path, see `child.rehearse`), and waits for b"ready".
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ import os
 import socket
 import struct
 import sys
+import threading
 
 from tether.sandbox import _enter
 from tether.sandbox.child import become_run, rehearse
 
-CLONE_NEWPID = 0x20000000
-MAX_RUN_FDS = 16
 MAX_INIT_BYTES = 1 << 20
 EXIT_REPORT = struct.Struct("=idd")  # wait status, user and system CPU seconds
-_ENTRY = "import sys; from tether.sandbox.forkserver import main; main(int(sys.argv[1]))"
+# The folder holding this `tether` package, first on the server's path: the server runs the very code
+# the zygote runs, not whichever `tether` the interpreter's site would find (an editable install).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ENTRY = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from tether.sandbox.forkserver import main; "
+    "main(int(sys.argv[2]))"
+)
 
 
 def start(
@@ -49,7 +56,8 @@ def start(
             for sock in (ours, *inherited):
                 sock.close()
             os.set_inheritable(theirs.fileno(), True)
-            os.execv(python_executable, [python_executable, "-I", "-c", _ENTRY, str(theirs.fileno())])
+            argv = [python_executable, "-I", "-c", _ENTRY, PACKAGE_ROOT, str(theirs.fileno())]
+            os.execv(python_executable, argv)
         finally:
             os._exit(127)
     theirs.close()
@@ -87,24 +95,15 @@ def main(channel_fd: int) -> None:
 
 
 def serve(channel: socket.socket, seccomp_bpf: bytes) -> None:
-    """For each request, fork a run as PID 1 of a new PID namespace; answer its pidfd, then its exit."""
+    """For each request, fork a run as PID 1 of a new PID namespace; answer its pidfd, then its exit.
+
+    The loop is `_enter.serve_forks`, in C: it returns here only in a forked run (with the request's
+    descriptors) or once the channel closes (None).
+    """
+    assert threading.active_count() == 1, "the fork server forks without at-fork handlers: one thread only"
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    while True:
-        _, fds, _, _ = socket.recv_fds(channel, 1, MAX_RUN_FDS)
-        if not fds:
-            return
-        _enter.unshare(CLONE_NEWPID)
-        try:
-            pid = os.fork()
-            if pid == 0:
-                plan_fd, *run_fds = fds
-                become_run(plan_fd, run_fds, seccomp_bpf)
-        finally:
-            _enter.setns(own_pid_ns, CLONE_NEWPID)
-        for fd in fds:
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        socket.send_fds(channel, [b"p"], [pidfd])
-        os.close(pidfd)
-        _, status, usage = os.wait4(pid, 0)
-        channel.send(EXIT_REPORT.pack(status, usage.ru_utime, usage.ru_stime))
+    run_fds = _enter.serve_forks(channel.fileno(), own_pid_ns)
+    if run_fds is None:
+        return
+    plan_fd, *fds = run_fds
+    become_run(plan_fd, fds, seccomp_bpf)

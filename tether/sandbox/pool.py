@@ -327,7 +327,7 @@ class SandboxPool:
             self.status_counts[RunStatus.SANDBOX_ERROR] += 1
             message = f"cannot create the run's cgroups: {failure}"
             return RunResult(status=RunStatus.SANDBOX_ERROR, error=message), True
-        fds = [fd for group in cgroups for fd in group.open_procs()]
+        fds = [fd for group in cgroups for fd in group.procs_fds()]  # the groups' own: not closed here
         for step in request.steps:
             step.cgroup_fd_count = len(cgroups[0].directories) if cgroups else 0
         deadline = sum(step.timeout_s for step in request.steps) + _GRACE_S
@@ -345,9 +345,6 @@ class SandboxPool:
             for group in cgroups:
                 group.remove()
             raise
-        finally:
-            for fd in fds:
-                os.close(fd)
         if reply is None:
             await worker.kill()
         stats = [group.stats() for group in cgroups]

@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -111,6 +110,9 @@ def load_spec(path: Path) -> SandboxSpec:
         raise ConfigError(f"spec file {str(path)!r} does not exist")
     text = path.read_text()
     suffix = path.suffix.lower()
+    # Only for a YAML spec: every pool imports this module, and yaml costs each command's start.
+    import yaml
+
     try:
         if suffix == ".toml":
             data: Any = tomllib.loads(text)

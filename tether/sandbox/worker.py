@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.sandbox import protocol
+
+# The folder holding this `tether` package: the worker imports the very code the host runs from it.
+from tether.sandbox.forkserver import PACKAGE_ROOT
 from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 
 SKELETON_PREFIX = "tether-root-"
-# The folder holding this `tether` package: the worker imports the very code the host runs from it.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Without `site` (-S): the worker needs only the standard library and this package, and a site with
 # editable installs and .pth files costs a large share of an interpreter's start.
 ZYGOTE_ENTRY = "import sys; sys.path.insert(0, sys.argv[1]); from tether.sandbox.zygote import main; main()"
