@@ -131,7 +131,7 @@ def bench_command(
     ] = "1,16,32",
     peer_tokens: Annotated[
         int, typer.Option("--peer-tokens", help="Greedy tokens per request (--peer).")
-    ] = 128,
+    ] = 64,
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
