@@ -64,7 +64,9 @@ def train_config(
             "max_new_tokens": config.max_new_tokens,
             "temperature": 1.0,
         },
-        "optim": {"lr": config.lr},
+        # The whole batch in one forward and backward, as TRL's (per_device_train_batch_size = the batch,
+        # no accumulation): the learner packs its weights once per step instead of once per micro-batch.
+        "optim": {"lr": config.lr, "micro_batch": config.prompts * config.samples},
         "run": {
             "name": f"tether-{mode.value}-{env.replace('/', '-')}",
             "out_dir": str(out_dir),
