@@ -143,7 +143,7 @@ def run_tether(
 # --- the benchmark -----------------------------------------------------------------------------------------
 
 
-def choose_batch(config: BenchConfig, out_dir: Path) -> tuple[list[int], int]:
+def choose_batch(config: BenchConfig, out_dir: Path, progress: Progress) -> tuple[list[int], int]:
     """The informative batch's task seeds, step 0's groups then step 1's (the async step timed is step
     1, also generated with the initial weights), probed with the run's engine settings; and how many
     prompts the search sampled."""
@@ -156,6 +156,7 @@ def choose_batch(config: BenchConfig, out_dir: Path) -> tuple[list[int], int]:
     probed = [0]
 
     def counted(groups: Sequence[tuple[int, int]]) -> list[list[float]]:
+        progress(f"informative step: probing {len(groups)} prompts ({probed[0]} probed so far)")
         probed[0] += len(groups)
         return probe(groups)
 
@@ -168,8 +169,7 @@ def run_informative(config: BenchConfig, work: Path, threads: int, progress: Pro
     on the probed batch, and TRL's steps on its step-0 prompts; the JSON-ready result."""
     import torch
 
-    progress("informative step: probing prompts")
-    seeds, probed = choose_batch(config, work)
+    seeds, probed = choose_batch(config, work, progress)
     sync, asynchronous = StepTimes(), StepTimes()
     for repeat in range(config.informative_repeats):
         for mode, steps, times in ((Mode.SYNC, 1, sync), (Mode.ASYNC, 2, asynchronous)):
