@@ -11,8 +11,10 @@ Besides these steps (seeded prompts as a training run draws them, most groups al
 tether skips and TRL computes), the *informative step* is measured on its own (`informative.py`): a batch
 whose every group was probed to score mixed rewards, tether's sync step 0 and async step 1 from the
 initial weights (each batch generated with them, so the probe's completions are the step's) against TRL
-on the same prompts, with how many groups of each timed step really were informative. Every run uses the
-same fixed torch thread count (tether's adaptive threads off), recorded with the machine.
+on the same prompts, with how many groups of each timed step really were informative. The sync step is
+a fresh run's first (after the regular runs warmed the process), so it also pays for allocating AdamW's
+state, which TRL's steady steps do not: the figure errs against tether. Every run uses the same fixed
+torch thread count (tether's adaptive threads off), recorded with the machine.
 """
 
 from __future__ import annotations
