@@ -103,3 +103,40 @@ def test_no_engine_sampler_draws_with_torch_multinomial() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "multinomial":
                 calls.append(f"{path.name}:{node.lineno}")
     assert calls == [], f"draw with tether.engine.sampling.draw instead: {calls}"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=20, min_p=0.01),
+    ],
+)
+def test_a_batched_draw_gives_each_row_the_token_and_logprob_of_its_own_draw(params: SamplingParams) -> None:
+    logits = torch.randn(24, 1000, generator=seeded("cpu", 3)) * 3
+    batched = sample_rows(logits, [(row, params, seeded("cpu", 100 + row)) for row in range(24)])
+    one_by_one = [sample(logits[row], params, seeded("cpu", 100 + row)) for row in range(24)]
+    assert batched == one_by_one  # bit for bit: the same tokens and the same float logprobs
+
+
+def test_mixed_draws_keep_their_order_and_each_its_own_settings() -> None:
+    logits = torch.randn(6, 300, generator=seeded("cpu", 4)) * 2
+    greedy, hot, cool = SamplingParams(temperature=0), SamplingParams(temperature=1.5), SAMPLED
+    plan = [(5, hot), (0, greedy), (3, cool), (1, hot), (2, greedy), (4, cool)]
+    bias = torch.full((1, 300), -torch.inf)
+    bias[0, 7] = 0.0  # the masked draw (number 3) can only take token 7
+    masks = sampling.AllowedTokens([3], bias)
+    draws = [
+        (row, params, None if params.greedy else seeded("cpu", i)) for i, (row, params) in enumerate(plan)
+    ]
+    got = sample_rows(logits, draws, masks)
+    expected = [
+        sample(logits[row], params, None if params.greedy else seeded("cpu", i), bias[0] if i == 3 else None)
+        for i, (row, params) in enumerate(plan)
+    ]
+    assert [token for token, _ in got] == [token for token, _ in expected] and got[3][0] == 7
+    sampled = [i for i, (_, params) in enumerate(plan) if not params.greedy]
+    assert [got[i] for i in sampled] == [expected[i] for i in sampled]  # bit for bit
+    # greedy rows: one shared log-normaliser, equal to a row's own log-softmax to rounding
+    assert [got[i][1] for i in (1, 4)] == pytest.approx([expected[i][1] for i in (1, 4)], abs=1e-5)

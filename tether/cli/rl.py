@@ -24,6 +24,14 @@ from rich.table import Table
 from tether.cli.common import CacheDirOption, cache_root, phases, print_json, user_errors
 from tether.machine import warn_if_busy
 
+RUNS = ("tether_sync", "tether_async", "trl")
+CAPTION_KEYS = (
+    "step_speedup_vs_trl",
+    "informative_step_speedup_vs_trl",
+    "informative_step_async_speedup_vs_trl",
+    "informative_cpu_speedup_vs_trl",
+)
+
 app = typer.Typer(help="RL tools: the training-step and weight-sync benchmarks (training: tether train).")
 
 
@@ -31,18 +39,20 @@ def bench_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"rl bench: {result['model']}, {result['task']}")
     for column in ("run", "step s", "generating", "cpu s", "reward per step"):
         table.add_column(column, justify="left" if column in ("run", "reward per step") else "right")
-    for name in ("tether_sync", "tether_async", "trl"):
-        if name in result:
-            run = result[name]
-            table.add_row(
-                name,
-                f"{run['step_s']:.1f}",
-                f"{run['generate_fraction']:.0%}",
-                f"{run['cpu_s']:.1f}",
-                " ".join(f"{r:.2f}" for r in run["reward"]),
-            )
-    if "step_speedup_vs_trl" in result:
-        table.caption = f"step_speedup_vs_trl {result['step_speedup_vs_trl']:.2f}"
+    informative = result.get("informative", {})
+    rows = [(name, result[name]) for name in RUNS if name in result]
+    rows += [(f"{name} (informative)", informative[name]) for name in RUNS if name in informative]
+    for name, run in rows:
+        table.add_row(
+            name,
+            f"{run['step_s']:.1f}",
+            f"{run['generate_fraction']:.0%}",
+            f"{run['cpu_s']:.1f}",
+            " ".join(f"{r:.2f}" for r in run["reward"]),
+        )
+    table.caption = "\n".join(f"{key} {result[key]:.2f}" for key in CAPTION_KEYS if key in result) + (
+        f"\nall groups informative: {informative['all_groups_informative']}" if informative else ""
+    )
     return table
 
 
@@ -64,6 +74,20 @@ def bench_command(
     trl: Annotated[
         bool, typer.Option("--trl/--no-trl", help="Also run TRL's GRPOTrainer (pip install trl).")
     ] = True,
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", help="Torch threads of every run (default: the free cores at the start)."),
+    ] = None,
+    informative: Annotated[
+        bool,
+        typer.Option(
+            "--informative/--no-informative",
+            help="Also time a step whose every group has mixed rewards (prompts probed first).",
+        ),
+    ] = True,
+    informative_repeats: Annotated[
+        int, typer.Option("--informative-repeats", help="Fresh runs whose informative step is timed.")
+    ] = 2,
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None,
@@ -73,9 +97,13 @@ def bench_command(
         bool, typer.Option("--json", help="Print one JSON object instead of a table.")
     ] = False,
 ) -> None:
-    """Median seconds per GRPO step: tether sync, tether async and TRL, same model, task and batch."""
+    """Median seconds per GRPO step: tether sync, tether async and TRL, same model, task and batch; then
+    the informative step (every group with mixed rewards) on its own. Took 20 minutes at 4 prompts x 4
+    samples x 32 tokens, 1 + 1 steps, one informative repeat, on 2 cores at load 6-8; the default sizes
+    take several times that on such a machine."""
     with user_errors():
-        from tether.rl.bench import BenchConfig, run_bench  # torch: loaded only when benchmarking
+        from tether.rl.bench import run_bench  # torch: loaded only when benchmarking
+        from tether.rl.bench_config import BenchConfig
 
         config = BenchConfig(
             model=model,
@@ -88,6 +116,9 @@ def bench_command(
             lr=lr,
             seed=seed,
             trl=trl,
+            threads=threads,
+            informative=informative,
+            informative_repeats=informative_repeats,
         )
         with phases(echo=True) as report, contextlib.redirect_stdout(sys.stderr):
             result = run_bench(config, report)

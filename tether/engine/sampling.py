@@ -100,8 +100,10 @@ def sample_rows(
     """One token per draw (row of [rows, vocab] float32 logits, its params, its generator), in order,
     each constrained draw among its allowed tokens; `logits` is not modified.
 
-    Greedy draws, the bulk of rollouts and benchmarks, share one argmax and one log-normaliser over
-    their rows instead of a kernel launch per row; the others go through `sample` one by one."""
+    Greedy draws share one argmax and one log-normaliser over their rows instead of a kernel launch per
+    row; unconstrained sampled draws (RL rollouts) with the same truncation share one distribution and
+    one inverse-CDF draw (`sample_batch`), each still taking its uniform from its own generator; the
+    rest (a grammar's masked draws) go through `sample` one by one."""
     mask_of = {} if masks is None else {position: i for i, position in enumerate(masks.draws)}
     results: list[tuple[int, float] | None] = [None] * len(draws)
     greedy = [i for i, (_, params, _) in enumerate(draws) if params.greedy]
@@ -121,6 +123,15 @@ def sample_rows(
         logprobs = rows.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(rows, dim=-1)
         for i, token, logprob in zip(greedy, tokens.tolist(), logprobs.tolist(), strict=True):
             results[i] = (int(token), float(logprob))
+    alike: dict[tuple[float, float, int, float], list[int]] = {}
+    for i, (_, params, _) in enumerate(draws):
+        if results[i] is None and i not in mask_of:
+            alike.setdefault((params.temperature, params.top_p, params.top_k, params.min_p), []).append(i)
+    for members in alike.values():
+        rows = logits[torch.tensor([draws[i][0] for i in members], device=logits.device)]
+        sampled = sample_batch(rows, draws[members[0]][1], [draws[i][2] for i in members])
+        for i, result in zip(members, sampled, strict=True):
+            results[i] = result
     for i, (row, params, generator) in enumerate(draws):
         if results[i] is None:
             row_bias = None if masks is None or i not in mask_of else masks.bias[mask_of[i]]
@@ -143,6 +154,18 @@ def sample(
     logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
     token = draw(probabilities(choice[None], params)[0], generator)
     return token, float(logprobs[token])
+
+
+def sample_batch(
+    logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]
+) -> list[tuple[int, float]]:
+    """One token per row of [rows, vocab] float32 logits, all sampled (not greedy) with `params`, row i
+    taking its uniform from `generators[i]`: the tokens and logprobs `sample` gives row by row (every
+    step is computed per row; only the kernel launches are shared)."""
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
+    tokens = draw_rows(probabilities(logits, params), generators)
+    picked = logprobs.gather(-1, tokens[:, None])[:, 0]
+    return [(int(t), float(lp)) for t, lp in zip(tokens.tolist(), picked.tolist(), strict=True)]
 
 
 def top_alternatives(
@@ -185,3 +208,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
         uniform(generator, probs.device) * total, torch.nextafter(total, total.new_zeros(1))
     )
     return int(torch.searchsorted(cdf, point, right=True)[0])
+
+
+def draw_rows(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """`draw` for each row of [rows, vocab] weights at once, row i at a uniform from `generators[i]`:
+    a [rows] tensor of indices, equal to `draw` row by row."""
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1:]
+    uniforms = torch.cat([uniform(generator, probs.device) for generator in generators])[:, None]
+    point = torch.minimum(uniforms * total, torch.nextafter(total, total.new_zeros(1)))
+    return torch.searchsorted(cdf, point, right=True)[:, 0]

@@ -6,148 +6,119 @@ over the measured steps that follow the warm-up steps; each step also records it
 and the process CPU seconds it used (the steadier figure on a shared machine). In async mode the step is
 the learner's (generation of the next batch overlaps it), so its generation share is the time the learner
 waited for a batch. TRL is a benchmark-only dependency, imported when its run starts. Nothing is printed.
+
+Besides these steps (seeded prompts as a training run draws them, most groups all 0 early on, which
+tether skips and TRL computes), the *informative step* is measured on its own (`informative.py`): a batch
+whose every group was probed to score mixed rewards, tether's sync step 0 and async step 1 from the
+initial weights (each batch generated with them, so the probe's completions are the step's) against TRL
+on the same prompts, with how many groups of each timed step really were informative. The sync step is
+a fresh run's first (after the regular runs warmed the process), so it also pays for allocating AdamW's
+state, which TRL's steady steps do not: the figure errs against tether. Every run uses the same fixed
+torch thread count (tether's adaptive threads off), recorded with the machine.
 """
 
 from __future__ import annotations
 
-import importlib
+import itertools
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.envs.bench import BENCH_ENV, reward
-from tether.envs.registry import default_registry
-from tether.envs.tasks import Task
-from tether.errors import ConfigError
+from tether.envs.bench import BENCH_ENV
+from tether.envs.registry import EnvRegistry, default_registry
 from tether.machine import load_average
+from tether.rl.bench_config import BenchConfig, CpuClock, Progress, StepTimes
+from tether.rl.bench_trl import run_trl
 from tether.rl.config import TrainConfig, parse_config
+from tether.rl.informative import (
+    INFORMATIVE_ENV,
+    choose_informative,
+    engine_probe,
+    informative_groups,
+    informative_registry,
+    sample_seeds,
+)
 from tether.rl.sections import Mode
-
-Progress = Callable[[str], None]
-
-TRL_HINT = "pip install 'trl>=1.0,<2' (a benchmark-only dependency), or leave TRL out with --no-trl"
-
-
-# --- configuration and results ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    model: str = "smollm2-135m-instruct"  # registered name or HF folder (TRL needs the folder's HF files)
-    cache_dir: Path | None = None  # model cache (None: the tether settings' default)
-    prompts: int = 8  # prompts per step
-    samples: int = 4  # completions per prompt
-    max_new_tokens: int = 64
-    steps: int = 3  # measured steps, after the warm-up steps
-    warmup_steps: int = 1
-    lr: float = 3e-5
-    seed: int = 0
-    kv_cache_mib: int = 256  # tether engine KV cache, MiB
-    trl: bool = True  # also run TRL's GRPOTrainer (needs `trl`)
-
-    def __post_init__(self) -> None:
-        counts = {
-            "prompts": self.prompts,
-            "samples": self.samples,
-            "max_new_tokens": self.max_new_tokens,
-            "steps": self.steps,
-            "kv_cache_mib": self.kv_cache_mib,
-        }
-        for name, value in counts.items():
-            if value < 1:
-                raise ConfigError(f"bench {name} = {value}: expected an integer >= 1")
-        if self.samples < 2:
-            raise ConfigError(f"bench samples = {self.samples}: GRPO needs >= 2 completions per prompt")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"bench warmup_steps = {self.warmup_steps}: expected an integer >= 0")
-        if not 0 < self.lr <= 1:
-            raise ConfigError(f"bench lr = {self.lr}: expected a learning rate in (0, 1]")
-
-    @property
-    def total_steps(self) -> int:
-        return self.warmup_steps + self.steps
-
-
-@dataclass(slots=True)
-class StepTimes:
-    """Per-step figures of one run, warm-up steps included."""
-
-    step_s: list[float] = field(default_factory=list)
-    generate_s: list[float] = field(default_factory=list)  # async: seconds the learner waited for a batch
-    cpu_s: list[float] = field(default_factory=list)  # process CPU seconds (every thread)
-    reward: list[float] = field(default_factory=list)
-    # Share of sequences in all-equal-reward groups (advantage 0): tether skips their forward, TRL not.
-    zero_advantage: list[float] = field(default_factory=list)
-
-    def summary(self, warmup: int) -> dict[str, Any]:
-        step, generate = self.step_s[warmup:], self.generate_s[warmup:]
-        return {
-            "step_s": statistics.median(step),
-            "generate_s": statistics.median(generate),
-            "generate_fraction": statistics.median(
-                g / max(s, 1e-9) for g, s in zip(generate, step, strict=True)
-            ),
-            "cpu_s": statistics.median(self.cpu_s[warmup:]),
-            "steps_s": [round(s, 3) for s in self.step_s],
-            "reward": [round(r, 4) for r in self.reward],
-            "zero_advantage_fraction": [round(z, 4) for z in self.zero_advantage],
-        }
-
-
-class _Clock:
-    """CPU seconds since the last call."""
-
-    def __init__(self) -> None:
-        self.last = time.process_time()
-
-    def lap(self) -> float:
-        now = time.process_time()
-        spent, self.last = now - self.last, now
-        return spent
-
+from tether.rl.sources import Generated, RolloutSource
 
 # --- tether ------------------------------------------------------------------------------------------------
 
 
-def train_config(config: BenchConfig, mode: Mode, out_dir: Path) -> TrainConfig:
-    """The `tether train` config of one benchmark run (throwaway: no checkpoint, no transcripts)."""
+def train_config(
+    config: BenchConfig, mode: Mode, out_dir: Path, env: str = BENCH_ENV, steps: int | None = None
+) -> TrainConfig:
+    """The `tether train` config of one benchmark run (throwaway: no checkpoint, no transcripts) on
+    `env`, `steps` steps (default: the warm-up and measured ones), threads fixed."""
+    steps = config.total_steps if steps is None else steps
     model: dict[str, Any] = {"name": config.model, "kv_cache_mib": config.kv_cache_mib}
     if config.cache_dir is not None:
         model["cache_dir"] = str(config.cache_dir)
     raw = {
         "model": model,
-        "envs": {"weights": {BENCH_ENV: 1.0}},
+        "envs": {"weights": {env: 1.0}},
         "rollout": {
             "prompts_per_step": config.prompts,
             "samples_per_prompt": config.samples,
             "max_new_tokens": config.max_new_tokens,
             "temperature": 1.0,
         },
-        "optim": {"lr": config.lr},
+        # The whole batch in one forward and backward, as TRL's (per_device_train_batch_size = the batch,
+        # no accumulation): the learner packs its weights once per step instead of once per micro-batch.
+        "optim": {"lr": config.lr, "micro_batch": config.prompts * config.samples},
         "run": {
-            "name": f"tether-{mode.value}",
+            "name": f"tether-{mode.value}-{env.replace('/', '-')}",
             "out_dir": str(out_dir),
-            "steps": config.total_steps,
+            "steps": steps,
             "seed": config.seed,
             "mode": mode.value,
-            "checkpoint_every": config.total_steps + 1,  # a throwaway run: no checkpoint
+            "checkpoint_every": steps + 1,  # a throwaway run: no checkpoint
             "transcripts_per_step": 0,
+            "adapt_threads": False,  # TRL's threads are fixed: so are these, for a like-for-like step
         },
     }
     return parse_config(raw, "bench")
 
 
-def run_tether(config: BenchConfig, mode: Mode, out_dir: Path, progress: Progress) -> StepTimes:
+class RecordedRewards:
+    """A `RolloutSource` that keeps the rewards of every batch it generates, in order (batch i is step
+    i's in either mode), so the bench can count a step's informative groups."""
+
+    def __init__(self, inner: RolloutSource) -> None:
+        self.inner = inner
+        self.batches: list[list[float]] = []
+
+    def generate(self, plans: Any) -> Generated:
+        out = self.inner.generate(plans)
+        self.batches.append([r.reward for r in out.rollouts])
+        return out
+
+    def load(self, weights: Any, version: int) -> None:
+        self.inner.load(weights, version)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def run_tether(
+    config: BenchConfig,
+    mode: Mode,
+    out_dir: Path,
+    progress: Progress,
+    env: str = BENCH_ENV,
+    registry: EnvRegistry | None = None,
+    steps: int | None = None,
+) -> StepTimes:
     from tether.rl.builders import build_trainer
 
-    trainer = build_trainer(train_config(config, mode, out_dir))
-    times, clock = StepTimes(), _Clock()
+    train = train_config(config, mode, out_dir, env, steps)
+    trainer = build_trainer(train, registry)
+    recorded = RecordedRewards(trainer.rollouts)
+    trainer.rollouts = recorded
+    times, clock = StepTimes(), CpuClock()
 
     def on_step(metrics: dict[str, float]) -> None:
         waited = metrics["time/wait_s"] if mode is Mode.ASYNC else metrics["time/generate_s"]
@@ -157,8 +128,10 @@ def run_tether(config: BenchConfig, mode: Mode, out_dir: Path, progress: Progres
         times.reward.append(metrics["reward"])
         skipped = metrics["learner/skipped_sequences"]  # the bench drops no group: the learner ran
         times.zero_advantage.append(skipped / metrics["rollouts"])
+        rewards = recorded.batches[len(times.step_s) - 1]
+        times.informative_groups.append(informative_groups(rewards, config.samples))
         progress(
-            f"tether {mode.value}: step {len(times.step_s)}/{config.total_steps} "
+            f"tether {mode.value}: step {len(times.step_s)}/{train.run.steps} "
             f"{metrics['time/step_s']:.1f} s, reward {metrics['reward']:.2f}"
         )
 
@@ -169,110 +142,117 @@ def run_tether(config: BenchConfig, mode: Mode, out_dir: Path, progress: Progres
     return times
 
 
-# --- TRL ---------------------------------------------------------------------------------------------------
-
-
-def run_trl(config: BenchConfig, out_dir: Path, progress: Progress) -> StepTimes:
-    """The same steps with TRL's GRPOTrainer (transformers model, its own generate and loss)."""
-    try:  # untyped, optional: used as Any
-        datasets: Any = importlib.import_module("datasets")
-        trl: Any = importlib.import_module("trl")
-    except ImportError as error:
-        raise ConfigError(f"TRL is not installed ({error}): {TRL_HINT}") from None
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-
-    from tether.models.loader import resolve
-
-    folder = resolve(config.model, config.cache_dir)
-    env = default_registry().get(BENCH_ENV)
-    tasks: list[Task] = [env.task(seed) for seed in range(config.prompts * config.total_steps)]
-    dataset = datasets.Dataset.from_list([{"prompt": t.messages, "answer": t.reference} for t in tasks])
-    times, clock = StepTimes(), _Clock()
-    generating = [0.0]
-
-    def correct(completions: Sequence[Any], answer: Sequence[str], **_: Any) -> list[float]:
-        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
-        return [reward(text, ref) for text, ref in zip(texts, answer, strict=True)]
-
-    class Timer(TrainerCallback):
-        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            self.last = time.perf_counter()
-            clock.lap()
-
-        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            now = time.perf_counter()
-            times.step_s.append(now - self.last)
-            times.generate_s.append(generating[0])
-            times.cpu_s.append(clock.lap())
-            self.last, generating[0] = now, 0.0
-
-        def on_log(self, *args: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-            if logs and "reward" in logs:
-                times.reward.append(float(logs["reward"]))
-                times.zero_advantage.append(float(logs.get("frac_reward_zero_std", 0.0)))
-                progress(
-                    f"TRL: step {len(times.step_s)}/{config.total_steps} {times.step_s[-1]:.1f} s, "
-                    f"reward {logs['reward']:.2f}"
-                )
-
-    args = trl.GRPOConfig(
-        output_dir=str(out_dir / "trl"),
-        per_device_train_batch_size=config.prompts * config.samples,
-        gradient_accumulation_steps=1,
-        num_generations=config.samples,
-        max_completion_length=config.max_new_tokens,
-        temperature=1.0,
-        learning_rate=config.lr,
-        max_steps=config.total_steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,  # this CPU has no bfloat16 arithmetic; tether trains in float32 as well
-        gradient_checkpointing=False,  # TRL's default recomputes activations; tether recomputes nothing
-        seed=config.seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=correct,
-        args=args,
-        train_dataset=dataset,
-        processing_class=AutoTokenizer.from_pretrained(folder),
-        callbacks=[Timer()],
-    )
-    generate = trainer._generate
-
-    def timed_generate(*a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return generate(*a, **kw)
-        finally:
-            generating[0] += time.perf_counter() - start
-
-    trainer._generate = timed_generate
-    trainer.train()
-    return times
-
-
 # --- the benchmark -----------------------------------------------------------------------------------------
 
 
+def choose_batch(config: BenchConfig, out_dir: Path, progress: Progress) -> tuple[list[int], int]:
+    """The informative batch's task seeds, step 0's groups then step 1's (the async step timed is step
+    1, also generated with the initial weights), probed with the run's engine settings; and how many
+    prompts the search sampled."""
+    from tether.rl.builders import make_engine
+    from tether.rl.trainer import sampling_params
+
+    train = train_config(config, Mode.SYNC, out_dir)
+    engine, tokenizer = make_engine(train, train.model.device)
+    probe = engine_probe(engine, tokenizer, sampling_params(train.rollout))
+    probed = [0]
+
+    def counted(groups: Sequence[tuple[int, int]]) -> list[list[float]]:
+        progress(f"informative step: probing {len(groups)} prompts ({probed[0]} probed so far)")
+        probed[0] += len(groups)
+        return probe(groups)
+
+    slots = sample_seeds(config.seed, 2, config.prompts)
+    return choose_informative(slots, counted, itertools.count(), config.max_probes), probed[0]
+
+
+def run_informative(config: BenchConfig, work: Path, threads: int, progress: Progress) -> dict[str, Any]:
+    """The informative step: tether sync (step 0) and async (step 1) of `informative_repeats` fresh runs
+    on the probed batch, and TRL's steps on its step-0 prompts; the JSON-ready result."""
+    import torch
+
+    seeds, probed = choose_batch(config, work, progress)
+    sync, asynchronous = StepTimes(), StepTimes()
+    for repeat in range(config.informative_repeats):
+        for mode, steps, times in ((Mode.SYNC, 1, sync), (Mode.ASYNC, 2, asynchronous)):
+            torch.set_num_threads(threads)
+            torch.manual_seed(config.seed)
+            out_dir = work / f"informative-{repeat}"
+            registry = informative_registry(seeds)  # a fresh one per run: the trainer adds to it
+            run = run_tether(config, mode, out_dir, progress, INFORMATIVE_ENV, registry, steps)
+            times.add(run, steps - 1)
+    result: dict[str, Any] = {
+        "task_seeds": seeds,
+        "probed_prompts": probed,
+        "groups": config.prompts,
+        "tether_sync": sync.summary(0),
+        "tether_async": asynchronous.summary(0),
+    }
+    if config.trl:
+        torch.set_num_threads(threads)
+        torch.manual_seed(config.seed)
+        env = default_registry().get(BENCH_ENV)
+        batch = [env.task(seed) for seed in seeds[: config.prompts]]
+        result["trl"] = run_trl(config, work / "informative-trl", progress, batch).summary(
+            config.warmup_steps
+        )
+    return result
+
+
+# The regular steps' figures keep the names earlier results used; the informative step's are
+# `informative_{figure}_speedup_vs_trl`.
+REGULAR_KEYS = {
+    "step": "step_speedup_vs_trl",
+    "step_async": "async_step_speedup_vs_trl",
+    "cpu": "cpu_speedup_vs_trl",
+    "cpu_async": "async_cpu_speedup_vs_trl",
+}
+
+
+def speedups(runs: dict[str, Any]) -> dict[str, float]:
+    """TRL's median seconds over tether's per step of `runs`, wall (`step`) and process CPU (`cpu`),
+    against sync and async (`_async`); empty without a TRL run."""
+    if "trl" not in runs:
+        return {}
+    trl, sync, asynchronous = runs["trl"], runs["tether_sync"], runs["tether_async"]
+    return {
+        "step": trl["step_s"] / sync["step_s"],
+        "step_async": trl["step_s"] / asynchronous["step_s"],
+        "cpu": trl["cpu_s"] / sync["cpu_s"],
+        "cpu_async": trl["cpu_s"] / asynchronous["cpu_s"],
+    }
+
+
+def all_informative(informative: dict[str, Any]) -> bool:
+    """Whether every timed tether step of the informative result had all its groups mixed (the figure
+    is only valid then; TRL samples its own completions, so its count is recorded, not required)."""
+    groups = informative["groups"]
+    return all(
+        count == groups
+        for run in ("tether_sync", "tether_async")
+        for count in informative[run]["informative_groups"]
+    )
+
+
 def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[str, Any]:
-    """Run tether sync, tether async and (if asked) TRL on the same steps; the JSON-ready result."""
+    """Run tether sync, tether async and (if asked) TRL on the same steps, then (if asked) the
+    informative step; the JSON-ready result."""
     import torch
 
     from tether.engine.bench_machine import machine_info
     from tether.models.threads import configure_threads
 
     load_start = load_average()
-    threads = configure_threads()
+    if config.threads is None:
+        threads = configure_threads()
+    else:
+        threads = config.threads
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="tether-rl-bench-"))
     runs: dict[str, dict[str, Any]] = {}
     load: dict[str, list[float]] = {}
+    informative: dict[str, Any] | None = None
     try:
         plan: list[tuple[str, Callable[[], StepTimes]]] = [
             ("tether_sync", lambda: run_tether(config, Mode.SYNC, work, progress)),
@@ -282,10 +262,15 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
             plan.append(("trl", lambda: run_trl(config, work, progress)))
         for name, run in plan:
             progress(f"{name}: loading")
+            torch.set_num_threads(threads)
             torch.manual_seed(config.seed)
             before = os.getloadavg()[0]
             runs[name] = run().summary(config.warmup_steps)
             load[name] = [round(before, 2), round(os.getloadavg()[0], 2)]
+        if config.informative:
+            before = os.getloadavg()[0]
+            informative = run_informative(config, work, threads, progress)
+            load["informative"] = [round(before, 2), round(os.getloadavg()[0], 2)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {
@@ -299,16 +284,19 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
         "steps": {"warmup": config.warmup_steps, "measured": config.steps},
         "lr": config.lr,
         "torch_threads": threads,
+        "adapt_threads": False,
         "cores": os.cpu_count(),
         "load_average_1m": load,  # before and after each run: the machine may be shared
+        "bench_s": round(time.perf_counter() - started, 1),
         **runs,
         "machine": machine_info(
             threads, load_start, {f"after {name}": after for name, (_before, after) in load.items()}
         ),
     }
-    if "trl" in runs:
-        sync = runs["tether_sync"]
-        result["step_speedup_vs_trl"] = runs["trl"]["step_s"] / sync["step_s"]
-        result["async_step_speedup_vs_trl"] = runs["trl"]["step_s"] / runs["tether_async"]["step_s"]
-        result["cpu_speedup_vs_trl"] = runs["trl"]["cpu_s"] / sync["cpu_s"]
+    result.update({REGULAR_KEYS[name]: ratio for name, ratio in speedups(runs).items()})
+    if informative is not None:
+        informative["all_groups_informative"] = all_informative(informative)
+        result["informative"] = informative
+        ratios = speedups(informative)
+        result.update({f"informative_{name}_speedup_vs_trl": ratio for name, ratio in ratios.items()})
     return result
