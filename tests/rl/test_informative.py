@@ -61,6 +61,21 @@ def test_every_slot_gets_a_distinct_prompt_that_is_mixed_under_its_own_sample_se
     assert sum(calls) <= 100
 
 
+def test_the_last_open_slots_are_searched_at_the_first_rounds_batch_size() -> None:
+    calls: list[int] = []
+
+    def hard_last_slot(groups: Sequence[tuple[int, int]]) -> list[list[float]]:
+        calls.append(len(groups))
+        # every slot but sample seed 13 mixes at once; 13 mixes only on task seeds of 40 and more
+        return [[0.0, 1.0] if sample != 13 or task >= 40 else [1.0, 1.0] for task, sample in groups]
+
+    chosen = choose_informative([10, 11, 12, 13], hard_last_slot, iter(range(100)), max_probes=100)
+    assert chosen[3] >= 40
+    assert calls[0] == 8  # two candidates for each of the 4 open slots
+    assert all(size == 8 for size in calls[1:])  # the one open slot gets the whole round: 8 candidates
+    assert len(calls) <= 1 + (40 - 8) // 8 + 1
+
+
 def test_the_search_gives_up_with_how_far_it_got() -> None:
     def never(groups: Sequence[tuple[int, int]]) -> list[list[float]]:
         return [[0.0, 0.0] for _ in groups]

@@ -36,7 +36,8 @@ class BenchConfig:
     threads: int | None = None  # torch threads of every run (None: the free cores at the start)
     informative: bool = True  # also time the informative step (every group mixed; `informative.py`)
     informative_repeats: int = 2  # fresh runs whose informative step is timed (the figure: their median)
-    max_probes: int = 256  # prompts the informative batch's search may sample before giving up
+    max_probes: int | None = None
+    """Prompts the informative batch's search may sample before giving up (None: 64 per group)."""
 
     def __post_init__(self) -> None:
         counts = {
@@ -46,7 +47,7 @@ class BenchConfig:
             "steps": self.steps,
             "kv_cache_mib": self.kv_cache_mib,
             "informative_repeats": self.informative_repeats,
-            "max_probes": self.max_probes,
+            "max_probes": 1 if self.max_probes is None else self.max_probes,
         }
         for name, value in counts.items():
             if value < 1:

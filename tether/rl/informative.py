@@ -15,6 +15,7 @@ Nothing here knows TRL; the probe is the one part that needs an engine (`engine_
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -61,21 +62,19 @@ def choose_informative(
     slots: Sequence[int], probe: Probe, candidates: Iterable[int], max_probes: int, per_round: int = 2
 ) -> list[int]:
     """For each sample seed of `slots`, a distinct task seed from `candidates` (in order) whose group,
-    sampled with that seed, has mixed rewards under `probe`. Probes `per_round` candidates for every
-    slot still open in one call (one engine batch), and gives up after `max_probes` probed groups with
-    a `ConfigError` naming how many slots it filled."""
+    sampled with that seed, has mixed rewards under `probe`. Each round probes about `per_round` x
+    len(slots) candidates in one call (one engine batch), shared among the slots still open, so the
+    last, hardest slots are searched at the first round's batch size; gives up after `max_probes`
+    probed groups with a `ConfigError` naming how many slots it filled."""
     if per_round < 1 or max_probes < 1:
         raise ValueError(f"per_round = {per_round}, max_probes = {max_probes}: expected integers >= 1")
     chosen: dict[int, int] = {}
     source: Iterator[int] = iter(candidates)
     probed = 0
     while len(chosen) < len(slots):
-        batch = [
-            (task, slot)
-            for slot in range(len(slots))
-            if slot not in chosen
-            for task in _take(source, per_round)
-        ]
+        open_slots = [slot for slot in range(len(slots)) if slot not in chosen]
+        each = max(per_round, math.ceil(per_round * len(slots) / len(open_slots)))
+        batch = [(task, slot) for slot in open_slots for task in _take(source, each)]
         batch = batch[: max(max_probes - probed, 0)]
         if not batch:
             raise ConfigError(
