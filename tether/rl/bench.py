@@ -145,11 +145,6 @@ def run_tether(
 # --- the benchmark -----------------------------------------------------------------------------------------
 
 
-PROBES_PER_GROUP = 64
-"""The informative search's default budget per group: at the default sizes (8 prompts x 4 samples,
-64 tokens) 256 probes in all left 4 of 16 groups unmixed."""
-
-
 def choose_batch(config: BenchConfig, out_dir: Path, progress: Progress) -> tuple[list[int], int]:
     """The informative batch's task seeds, step 0's groups then step 1's (the async step timed is step
     1, also generated with the initial weights), probed with the run's engine settings; and how many
@@ -168,8 +163,7 @@ def choose_batch(config: BenchConfig, out_dir: Path, progress: Progress) -> tupl
         return probe(groups)
 
     slots = sample_seeds(config.seed, 2, config.prompts)
-    budget = config.max_probes if config.max_probes is not None else PROBES_PER_GROUP * len(slots)
-    return choose_informative(slots, counted, itertools.count(), budget), probed[0]
+    return choose_informative(slots, counted, itertools.count(), config.probe_budget), probed[0]
 
 
 def run_informative(config: BenchConfig, work: Path, threads: int, progress: Progress) -> dict[str, Any]:

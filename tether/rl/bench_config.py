@@ -47,13 +47,13 @@ class BenchConfig:
             "steps": self.steps,
             "kv_cache_mib": self.kv_cache_mib,
             "informative_repeats": self.informative_repeats,
-            "max_probes": 1 if self.max_probes is None else self.max_probes,
         }
         for name, value in counts.items():
             if value < 1:
                 raise ConfigError(f"bench {name} = {value}: expected an integer >= 1")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"bench threads = {self.threads}: expected an integer >= 1")
+        for name, optional in (("threads", self.threads), ("max_probes", self.max_probes)):
+            if optional is not None and optional < 1:
+                raise ConfigError(f"bench {name} = {optional}: expected an integer >= 1")
         if self.samples < 2:
             raise ConfigError(f"bench samples = {self.samples}: GRPO needs >= 2 completions per prompt")
         if self.warmup_steps < 0:
@@ -64,6 +64,12 @@ class BenchConfig:
     @property
     def total_steps(self) -> int:
         return self.warmup_steps + self.steps
+
+    @property
+    def probe_budget(self) -> int:
+        """`max_probes`, or 64 per group of the two steps the informative batch fills: at the default
+        sizes (8 prompts x 4 samples, 64 tokens) 256 probes in all left 4 of 16 groups unmixed."""
+        return self.max_probes if self.max_probes is not None else 64 * 2 * self.prompts
 
 
 @dataclass(slots=True)
