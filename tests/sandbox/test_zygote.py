@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,3 +25,18 @@ def test_a_fingerprint_that_keeps_no_mounted_directory_equals_the_plain_one(
     (tmp_path / "r1").mkdir()
     assert zygote.fingerprint(frozenset({"not-mounted"})) == zygote.fingerprint()
     assert zygote.fingerprint(frozenset({"r1"})) != zygote.fingerprint(), "a kept directory is left out"
+
+
+def test_the_worker_starts_without_the_modules_it_has_no_use_for_at_start() -> None:
+    # Every worker start (each slot, each replacement) imports the zygote in a fresh `python -I -S`:
+    # typing, OpenSSL's hashlib and traceback (with textwrap) were a third of those imports.
+    root = str(Path(zygote.__file__).resolve().parents[2])
+    unused = "{'typing', '_hashlib', 'traceback', 'textwrap', 'shutil'}"
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import tether.sandbox.zygote; "
+        f"print(' '.join(sorted({unused} & set(sys.modules))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, root], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == ""

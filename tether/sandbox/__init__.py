@@ -9,9 +9,13 @@ its namespaces and must not pay for (or carry into every forked run) the host-si
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+# Not `typing.TYPE_CHECKING`: every sandbox worker imports this package, and `typing` is the largest
+# part of its start-up imports; mypy treats any name TYPE_CHECKING as true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from tether.sandbox.factory import open_sandbox
     from tether.sandbox.fleet import FleetBusy, FleetConfig, FleetUnavailable, SandboxFleet
     from tether.sandbox.interface import Sandbox, Session, SessionLost

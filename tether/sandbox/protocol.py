@@ -12,7 +12,10 @@ import json
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: the worker imports this module and has no other use for typing
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 _HEADER = struct.Struct(">I")

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import select
-import shutil
 import signal
 import socket
 import stat
 import struct
 import sys
 import time
-import traceback
 
 from tether.sandbox import forkserver, linux, protocol
 from tether.sandbox.linux import MNT_DETACH, Clone, Mount
@@ -34,6 +31,15 @@ from tether.sandbox.paths import FIXED_ROOTS, PROGRAM_DIR, locate
 from tether.sandbox.plan import ChildPlan, encode_plan
 from tether.sandbox.protocol import RunReply, RunRequest, StepOutcome, StepRequest, WorkerInit
 from tether.sandbox.rootfs import STAGING, build_root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typeshed has no stubs for the builtin digest module: hashlib's is the same type
+    from hashlib import sha256
+else:
+    try:  # the builtin digest: hashlib loads OpenSSL, a large share of a worker's start-up imports
+        from _sha256 import sha256
+    except ImportError:  # a build without it (3.12 names it _sha2)
+        from hashlib import sha256
 
 # The folders of a run directory: the writable roots (see paths.py) and the host-only stdin.
 RUN_FOLDERS = (("work", 0o755), ("tmp", 0o1777), ("shm", 0o1777), ("mnt", 0o755), ("meta", 0o700))
@@ -57,7 +63,7 @@ def fingerprint(kept_dirs: frozenset[str] = frozenset()) -> str:
     difference from the baseline is a leftover.
     """
     kept_mounts = tuple(f" {STAGING}/{name} " for name in kept_dirs)
-    digest = hashlib.sha256()
+    digest = sha256()
     digest.update(" ".join(sorted(name for name in os.listdir("/proc") if name.isdigit())).encode())
     fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -190,6 +196,8 @@ class Zygote:
             # Fresh for every run: what an earlier run of the session left there (links too) is gone.
             program = f"{run_dir}/program"
             if os.path.lexists(program):
+                import shutil  # only a session's later runs get here: not a start-up import
+
                 shutil.rmtree(program)
             os.mkdir(program, 0o755)
             os.chown(program, uid, gid)
@@ -400,6 +408,8 @@ def _zygote_main(control: socket.socket, fd_channel: socket.socket, init: Worker
         )
         zygote = Zygote(control, fd_channel, init, forker, shadows)
     except Exception:
+        import traceback  # only on a failed start: it is not a start-up import
+
         protocol.send_frame(control, {"op": "error", "error": traceback.format_exc()})
         return
     protocol.send_frame(control, {"op": "ready", "fingerprint": fingerprint()})
