@@ -213,6 +213,7 @@ async def open_sandbox(slots: int = 1, **spec: Any) -> AsyncIterator[Sandbox]:
     except SandboxUnavailable as error:
         pytest.skip(f"sandbox unavailable here: {error}")
     try:
+        await pool.warmed()  # `start` returns with the first worker up: count them all
         yield Sandbox(pool, len(sandbox_processes()))
     finally:
         await pool.close()
