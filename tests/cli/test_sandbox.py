@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,23 @@ async def test_scoring_and_agent_workers_get_the_configured_sandbox() -> None:
     assert isinstance(open_sandbox(load_settings(environ={}), slots=2), SandboxPool)
     found = load_settings(environ={"TETHER_SANDBOX__DISCOVERY": "dns+http://localhost:8080"})
     assert isinstance(open_sandbox(found), SandboxFleet)
+
+
+def test_sandbox_run_launches_its_worker_before_it_imports_the_pool() -> None:
+    # The worker's interpreter and imports overlap the command's own only if it starts first.
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from tether.cli import sandbox\n"
+        "from tether.cli.main import app\n"
+        "seen = []\n"
+        "real = sandbox.launch\n"
+        "def spy(python):\n"
+        "    seen.append('tether.sandbox.pool' in sys.modules)\n"
+        "    return real(python)\n"
+        "sandbox.launch = spy\n"
+        "done = CliRunner().invoke(app, ['sandbox', 'run', '-'], input='print(6 * 7)')\n"
+        "print(seen, done.exit_code, '42' in done.output)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["[False]", "0", "True"], done.stdout + done.stderr

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -24,12 +23,13 @@ from tether.cli.common import (
     user_errors,
 )
 from tether.machine import warn_if_busy
-from tether.sandbox.bench import run_benchmark
-from tether.sandbox.factory import open_sandbox
-from tether.sandbox.humaneval import HumanEvalReport, load_problems, run_humaneval
-from tether.sandbox.pool import SandboxPool
-from tether.sandbox.result import RunStatus
-from tether.sandbox.spec import SandboxSpec, load_spec
+from tether.sandbox.launch import Launch, launch
+
+# The pool, its results and specs are imported by the commands, once they have launched their workers:
+# a worker's interpreter and imports then overlap this process's own (see `worker.launch`).
+if TYPE_CHECKING:
+    from tether.sandbox.humaneval import HumanEvalReport
+    from tether.sandbox.spec import SandboxSpec
 
 app = typer.Typer(help="Isolated execution of untrusted code.", no_args_is_help=True)
 console = Console()
@@ -40,6 +40,8 @@ SlotsOption = Annotated[int | None, typer.Option("--slots", min=1, help="Concurr
 
 
 def _spec(ctx: typer.Context, spec_file: Path | None) -> SandboxSpec:
+    from tether.sandbox.spec import load_spec
+
     with user_errors():
         return load_spec(spec_file) if spec_file else state(ctx).settings().sandbox.spec
 
@@ -63,6 +65,12 @@ def run_command(
     insecure: InsecureOption = False,
 ) -> None:
     """Run one program and print its result as a JSON object (exit 0 whenever the sandbox worked)."""
+    launches = [launch(sys.executable)]  # first: it starts while the rest of this command imports
+    import asyncio
+
+    from tether.sandbox.pool import SandboxPool
+    from tether.sandbox.result import RunStatus
+
     spec = _spec(ctx, spec_file)
     with user_errors():
         # Bytes, as the interpreter or compiler would read the file (a coding declaration, say).
@@ -77,7 +85,7 @@ def run_command(
         config = pool_config(state(ctx).settings(), slots=1, insecure=insecure)
 
         async def go() -> Any:
-            async with SandboxPool(spec, config) as pool:
+            async with SandboxPool(spec, config, launches=launches) as pool:
                 return await pool.run(
                     code, language=language, stdin=stdin, files=files, collect=collect or [], warm=not fresh
                 )
@@ -174,13 +182,22 @@ def doctor_command(
 
 
 async def _humaneval(
-    spec: SandboxSpec, slots: int, mutate: bool, show_progress: bool, insecure: bool, ctx: typer.Context
+    spec: SandboxSpec,
+    slots: int,
+    mutate: bool,
+    show_progress: bool,
+    insecure: bool,
+    ctx: typer.Context,
+    launches: list[Launch],
 ) -> HumanEvalReport:
     """HumanEval through the configured sandbox: the fleet when `[sandbox]` names one, else a local pool."""
+    from tether.sandbox.factory import open_sandbox
+    from tether.sandbox.humaneval import load_problems, run_humaneval
+
     problems = load_problems()
     settings = state(ctx).settings()
     config = pool_config(settings, slots=slots, insecure=insecure)
-    pool = open_sandbox(spec, config, fleet_config(settings))
+    pool = open_sandbox(spec, config, fleet_config(settings), launches)
     await pool.start()
     try:
         if not show_progress:
@@ -218,12 +235,16 @@ def humaneval_command(
     insecure: InsecureOption = False,
 ) -> None:
     """Run HumanEval's 164 canonical solutions with their tests through the sandbox."""
-    spec = _spec(ctx, spec_file)
     with user_errors():
         settings = state(ctx).settings()
-        report = asyncio.run(
-            _humaneval(spec, slots or 2 * settings.sandbox.slots, mutate, not as_json, insecure, ctx)
-        )
+    slots = slots or 2 * settings.sandbox.slots
+    # A local pool's workers first: they start while the rest of this command imports.
+    launches = [] if settings.sandbox.remote else [launch(sys.executable) for _ in range(slots)]
+    import asyncio
+
+    spec = _spec(ctx, spec_file)
+    with user_errors():
+        report = asyncio.run(_humaneval(spec, slots, mutate, not as_json, insecure, ctx, launches))
     if as_json:
         print_json(report.summary())
     else:
@@ -243,6 +264,9 @@ async def _bench(
     insecure: bool,
     ctx: typer.Context,
 ) -> dict[str, object]:
+    from tether.sandbox.bench import run_benchmark
+    from tether.sandbox.pool import SandboxPool
+
     config = pool_config(state(ctx).settings(), slots=slots, insecure=insecure)
     async with SandboxPool(spec, config) as pool:
         if not show_progress:
@@ -323,6 +347,8 @@ def bench_command(
         with user_errors():
             result = run_startup_benchmark(repeats)
     else:
+        import asyncio
+
         spec = _spec(ctx, None)
         with user_errors():
             settings = state(ctx).settings()

@@ -35,6 +35,7 @@ from tether.sandbox.cgroups import (
 )
 from tether.sandbox.fair_queue import FairQueue
 from tether.sandbox.languages import Language, default_languages, lookup
+from tether.sandbox.launch import Launch
 from tether.sandbox.pool_config import DEVICE_NODES
 from tether.sandbox.pool_config import PoolConfig as PoolConfig  # re-exported: its historical home
 from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
@@ -70,7 +71,10 @@ class SandboxPool:
         spec: SandboxSpec | None = None,
         config: PoolConfig | None = None,
         languages: Mapping[str, Language] | None = None,
+        launches: Sequence[Launch] = (),
     ) -> None:
+        """`launches`: worker processes the caller started ahead (see `worker.launch`), which the first
+        workers take instead of starting their own; one of another interpreter is discarded."""
         self.spec = spec or SandboxSpec()
         self.config = config or PoolConfig()
         self.languages = dict(languages or default_languages(self.config.python_executable))
@@ -90,6 +94,7 @@ class SandboxPool:
         self._group_ids = itertools.count()
         self._token = uuid.uuid4().hex[:8]  # keeps run cgroup names apart between pools of one process
         self._init: WorkerInit | None = None
+        self._launches = list(launches)
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
         self.status_counts: dict[RunStatus, int] = dict.fromkeys(RunStatus, 0)
@@ -129,6 +134,19 @@ class SandboxPool:
         )
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        finally:
+            # Each first worker takes its launch as its start begins, before the first one is up: what
+            # is left now (the start failed, or there were more launches than workers) is of no use.
+            self._discard_launches()
+
+    def _discard_launches(self) -> None:
+        for launched in self._launches:
+            launched.discard()
+        self._launches = []
+
+    async def _start(self) -> None:
         self.layout, problem = system_layout(), ""
         if self.layout is None:
             problem = "no usable cgroup hierarchy with memory, pids and cpu controllers"
@@ -210,8 +228,17 @@ class SandboxPool:
             self.config.python_executable,
         )
         self._workers.add(worker)
-        await worker.start(self.config.worker_start_timeout_s)
+        await worker.start(self.config.worker_start_timeout_s, self._take_launch())
         return worker
+
+    def _take_launch(self) -> Launch | None:
+        """A worker process launched ahead for this pool's interpreter, discarding any other."""
+        while self._launches:
+            launched = self._launches.pop()
+            if launched.python_executable == self.config.python_executable:
+                return launched
+            launched.discard()
+        return None
 
     async def close(self) -> None:
         self._closing = True

@@ -12,20 +12,16 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from tether.sandbox import protocol
-
-# The folder holding this `tether` package: the worker imports the very code the host runs from it.
-from tether.sandbox.forkserver import PACKAGE_ROOT
+from tether.sandbox.launch import Launch, launch
 from tether.sandbox.protocol import RunReply, RunRequest, WorkerInit
 
 SKELETON_PREFIX = "tether-root-"
-# Without `site` (-S): the worker needs only the standard library and this package, and a site with
-# editable installs and .pth files costs a large share of an interpreter's start.
-ZYGOTE_ENTRY = "import sys; sys.path.insert(0, sys.argv[1]); from tether.sandbox.zygote import main; main()"
 
 
 def remove_stale_skeletons() -> int:
@@ -43,6 +39,47 @@ def remove_stale_skeletons() -> int:
 
 class WorkerError(RuntimeError):
     """The worker failed to start, answered out of protocol, or died."""
+
+
+class WorkerProcess:
+    """The worker's launcher process, started without an event loop and awaited through its pidfd."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    async def wait(self) -> int:
+        """Wait until the process ends, without blocking the loop, and reap it."""
+        if self._popen.poll() is not None:
+            return self._popen.wait()
+        try:
+            pidfd = os.pidfd_open(self._popen.pid)  # valid until reaped, and only `poll`/`wait` reap
+        except ProcessLookupError:  # reaped behind Popen's back (a wait for any child): nothing to wait
+            return self._popen.wait()
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def wake() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(pidfd, wake)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        return self._popen.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +130,7 @@ class Worker:
         self.ids = ids
         self.python_executable = python_executable
         self.baseline_fingerprint = ""
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: WorkerProcess | None = None
         self._control: Channel | None = None
         self._fds: socket.socket | None = None
         self._skeleton: str | None = None
@@ -103,39 +140,20 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
-    async def start(self, timeout_s: float = 30.0) -> None:
-        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fds, fds_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._skeleton = tempfile.mkdtemp(prefix=f"{SKELETON_PREFIX}{os.getpid()}-")
-        os.chmod(self._skeleton, 0o755)
-        init = WorkerInit(**{**protocol.to_json(self.init), "skeleton_dir": self._skeleton})
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        self.process = await asyncio.create_subprocess_exec(
-            self.python_executable,
-            "-I",
-            "-S",
-            "-c",
-            ZYGOTE_ENTRY,
-            PACKAGE_ROOT,
-            str(control_child.fileno()),
-            str(fds_child.fileno()),
-            pass_fds=(control_child.fileno(), fds_child.fileno()),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            cwd="/",
-            # Its own session: a terminal's Ctrl-C goes to the caller, which decides (an agent finishes
-            # its step first), instead of killing the sandbox under a running call.
-            start_new_session=True,
-        )
-        control_child.close()
-        fds_child.close()
-        fds.setblocking(False)
-        self._control, self._fds = await Channel.open(control), fds
+    async def start(self, timeout_s: float = 30.0, launched: Launch | None = None) -> None:
+        """Start the worker, or finish starting the one `launched` ahead (see `launch`)."""
+        launched = launched or launch(self.python_executable)
+        self.process, self._fds = WorkerProcess(launched.popen), launched.fds
         try:
+            self._skeleton = tempfile.mkdtemp(prefix=f"{SKELETON_PREFIX}{os.getpid()}-")
+            os.chmod(self._skeleton, 0o755)
+            init = WorkerInit(**{**protocol.to_json(self.init), "skeleton_dir": self._skeleton})
+            launched.fds.setblocking(False)
+            self._control = await Channel.open(launched.control)
             await asyncio.wait_for(self._handshake(init), timeout_s)
         except BaseException:
+            if self._control is None:  # else the channel's transport owns the socket and closes it
+                launched.control.close()
             await self.kill()
             raise
 
@@ -208,6 +226,6 @@ class Worker:
             with contextlib.suppress(OSError):
                 await self._control.send({"op": "shutdown"})
             assert self.process is not None
-            with contextlib.suppress(asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.process.wait(), 2.0)
         await self.kill()
