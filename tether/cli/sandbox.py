@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -188,7 +189,7 @@ async def _humaneval(
     show_progress: bool,
     insecure: bool,
     ctx: typer.Context,
-    launches: list[Launch],
+    launches: Sequence[Launch] = (),
 ) -> HumanEvalReport:
     """HumanEval through the configured sandbox: the fleet when `[sandbox]` names one, else a local pool."""
     from tether.sandbox.factory import open_sandbox
