@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import os
@@ -94,6 +95,33 @@ async def test_each_warm_run_gets_its_own_random_sequence(pool: SandboxPool) -> 
     results = [await pool.run(code) for _ in range(4)]
     assert all(r.status is RunStatus.OK for r in results), results
     assert len({r.stdout for r in results}) == 4
+
+
+async def test_a_warm_run_starts_with_its_own_environment_and_default_signals(pool: SandboxPool) -> None:
+    # The fork server clears its environment and resets these signals once, before its first fork
+    # (`forkserver.settle_for_runs`), instead of in every run: each run must still start that way.
+    code = (
+        "import os, signal\n"
+        "names = ('SIGINT', 'SIGTERM', 'SIGCHLD', 'SIGPIPE', 'SIGHUP')\n"
+        "print(sorted(os.environ))\n"
+        "print([n for n in names if signal.getsignal(getattr(signal, n)) is not signal.SIG_DFL])"
+    )
+    fresh = await pool.run("import os\nprint(sorted(os.environ))", warm=False)
+    for _ in range(2):
+        warm = await pool.run(code, spec=SandboxSpec(timeout_s=10, env={"ONLY_THIS_RUN": "1"}))
+        assert warm.status is RunStatus.OK, warm
+        environ, not_default = warm.stdout.splitlines()
+        assert environ == str(sorted([*ast.literal_eval(fresh.stdout), "ONLY_THIS_RUN"]))
+        assert not_default == "[]"
+    assert "ONLY_THIS_RUN" not in (await pool.run("import os\nprint(sorted(os.environ))")).stdout
+
+
+async def test_an_exec_run_starts_with_sigpipe_at_its_default(pool: SandboxPool) -> None:
+    # As under a plain shell: the writer of a closed pipe dies of SIGPIPE (128 + 13), it does not
+    # inherit the fork server's Python-startup SIG_IGN and fail on EPIPE.
+    result = await pool.run('yes | head -n 1; echo "${PIPESTATUS[0]}"', language="bash")
+    assert result.status is RunStatus.OK, result
+    assert result.stdout == "y\n141\n"
 
 
 async def test_runs_fork_from_the_package_the_host_runs(pool: SandboxPool) -> None:

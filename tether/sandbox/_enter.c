@@ -312,7 +312,7 @@ static int send_pidfd(int channel, int pidfd) {
     header->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(header), &pidfd, sizeof(int));
     ssize_t sent;
-    do sent = sendmsg(channel, &message, 0);
+    do sent = sendmsg(channel, &message, MSG_NOSIGNAL);
     while (sent < 0 && errno == EINTR);
     return sent == 1 ? 0 : -1;
 }
@@ -357,7 +357,7 @@ static PyObject *serve_forks(PyObject *module, PyObject *args) {
         memcpy(report + sizeof(int), &user_s, sizeof(double));
         memcpy(report + sizeof(int) + sizeof(double), &system_s, sizeof(double));
         ssize_t done;
-        do done = send(channel, report, sizeof(report), 0);
+        do done = send(channel, report, sizeof(report), MSG_NOSIGNAL);
         while (done < 0 && errno == EINTR);
         if (done != (ssize_t)sizeof(report)) Py_RETURN_NONE;
     }

@@ -26,15 +26,17 @@ from tether.sandbox import _enter
 
 SETUP_FAILED_EXIT = 125
 STATUS_FD = 3  # where `_enter.enter` leaves the setup-status pipe for the warm-Python path
+# The signals a run starts with at their default action, as under a plain shell (an exec'd program
+# too: it inherits the fork server's dispositions, where Python's start-up ignores SIGPIPE).
+RUN_SIGNAL_DEFAULTS = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP)
 
 
 def become_run(plan_fd: int, run_fds: list[int], seccomp_bpf: bytes) -> None:
     """Turn this freshly forked process into the sandboxed run; never returns."""
     try:
+        # The environment is empty and RUN_SIGNAL_DEFAULTS are at SIG_DFL, in the kernel and in Python's
+        # table alike: the fork server set both before its first fork (`forkserver.settle_for_runs`).
         script, environment = _enter.enter(plan_fd, tuple(run_fds), seccomp_bpf)
-        # The kernel's dispositions were reset by `enter`; Python's own table must agree with them.
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
     except BaseException as error:
         message = f"{type(error).__name__}: {error}".encode()[:4000]
         for fd in (run_fds[2] if len(run_fds) > 2 else -1, STATUS_FD):
