@@ -344,3 +344,21 @@ async def test_two_pools_in_one_process_run_side_by_side() -> None:
     ):
         results = await asyncio.gather(*(p.run("print(7)") for p in (first, second) for _ in range(3)))
     assert all(r.status is RunStatus.OK and r.qc == "passed" for r in results)
+
+
+@pytest.mark.parametrize("warm", [True, False])
+async def test_a_failed_setup_step_reaches_the_host_by_its_status_pipe(pool: SandboxPool, warm: bool) -> None:
+    # The zygote reads the status pipe only once the run has exited: its message must still arrive.
+    # No spec asks for this many descriptors (the kernel caps RLIMIT_NOFILE below it), so `enter` fails.
+    request, compiled = pool.build_request("print('NEVER_RUN')", "python", "", {}, pool.spec, warm)
+    request.steps[-1].open_files_max = 1 << 40
+    worker = pool._idle.pop()
+    try:
+        result, healthy = await pool.execute(worker, request, pool.spec, compiled)
+    finally:
+        pool._idle.append(worker)
+    assert healthy
+    assert result.status is RunStatus.SANDBOX_ERROR, result
+    assert result.error is not None and result.error.startswith("RLIMIT_NOFILE: "), result.error
+    assert "NEVER_RUN" not in result.stdout
+    assert (await pool.run("print(3)")).stdout == "3\n"

@@ -257,7 +257,7 @@ class Zygote:
             handle.write(protocol.b64decode(step.stdin_b64))
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         plan = ChildPlan(
             run_dir=run_dir,
             workdir=self.init.workdir,
@@ -306,12 +306,11 @@ class Zygote:
         deadline = started + step.timeout_s
         streams = {out_r: bytearray(), err_r: bytearray()}
         truncated = {out_r: False, err_r: False}
-        setup_error = bytearray()
         timed_out = output_exceeded = exited = False
         poller = select.poll()
-        for fd in (out_r, err_r, status_r, pidfd):
+        for fd in (out_r, err_r, pidfd):
             poller.register(fd, select.POLLIN)
-        open_fds = {out_r, err_r, status_r}
+        open_fds = {out_r, err_r}
         try:
             while open_fds or not exited:
                 remaining = deadline - time.perf_counter()
@@ -328,8 +327,6 @@ class Zygote:
                     if not chunk:
                         poller.unregister(fd)
                         open_fds.discard(fd)
-                    elif fd == status_r:
-                        setup_error += chunk
                     else:
                         room = step.output_limit_bytes - len(streams[fd])
                         if len(chunk) <= room:
@@ -340,6 +337,13 @@ class Zygote:
                         if not output_exceeded:
                             output_exceeded = True
                             _kill(pidfd)
+            # The status pipe is read only now: the run's setup writes at most a short message (it fits
+            # the pipe's buffer) and closes its end before its program starts, so polling it would only
+            # add a wake-up per run. Non-blocking: a write end left open reads as what it holds so far.
+            setup_error = bytearray()
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(status_r, _READ_CHUNK):
+                    setup_error += chunk
         finally:
             for fd in (out_r, err_r, status_r, pidfd):
                 os.close(fd)
