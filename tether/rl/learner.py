@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -78,6 +79,11 @@ class LearnStats:
     lr: float
     tokens: int
     skipped_sequences: int  # left out of the forward: no loss token, or advantage 0 without KL
+    # Wall seconds of the step's phases in this process: the forwards (logprobs and loss), the
+    # backwards, then clipping and the optimizer step (where a benchmark's step time goes).
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
 
     def to_dict(self, prefix: str = "learner/") -> dict[str, float]:
         return {f"{prefix}{name}": float(getattr(self, name)) for name in self.__slots__}
@@ -256,7 +262,14 @@ class Learner:
         ]
         norm = Normaliser(len(samples), sum(sum(m) for m in masks), self.max_new_tokens)
         self.optimizer.zero_grad(set_to_none=True)
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip": 0.0}
+        totals = {
+            "loss": 0.0,
+            "policy_loss": 0.0,
+            "kl": 0.0,
+            "clip": 0.0,
+            "forward_s": 0.0,
+            "backward_s": 0.0,
+        }
         ratios = Ratios()
         # A sample without loss tokens, or (no KL) with advantage 0, adds exactly 0 to the loss and its
         # gradient: it is left out of the forward (most groups early in a run have all-equal rewards).
@@ -265,6 +278,7 @@ class Learner:
         for rows in self._micro_batches(samples, trained):
             self._accumulate(samples, masks, rows, norm, totals, ratios)
         self._reduce(totals, ratios)
+        optimizer_start = time.perf_counter()
         for param in self.trainable.parameters():
             if param.grad is None:
                 # Skipped samples still leave a zero gradient: AdamW steps its moments as usual.
@@ -278,6 +292,7 @@ class Learner:
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        optimizer_s = time.perf_counter() - optimizer_start
         return LearnStats(
             loss=totals["loss"],
             policy_loss=totals["policy_loss"],
@@ -296,6 +311,9 @@ class Learner:
             lr=float(lr),
             tokens=norm.num_tokens,
             skipped_sequences=len(samples) - sum(trained),
+            forward_s=totals["forward_s"],
+            backward_s=totals["backward_s"],
+            optimizer_s=optimizer_s,
         )
 
     def _micro_batches(self, samples: Sequence[Sample], trained: Sequence[bool]) -> list[list[Row]]:
@@ -312,6 +330,7 @@ class Learner:
         ratios: Ratios,
     ) -> None:
         """Forward and backward of one micro-batch (its gradient adds to the batch's); stats added up."""
+        forward_start = time.perf_counter()
         indices = [i for row in rows for i in row]
         row_samples = [[samples[i] for i in row] for row in rows]
         chunk, chunk_masks = [samples[i] for i in indices], [masks[i] for i in indices]
@@ -355,7 +374,10 @@ class Learner:
             norm,
             reference,
         )
+        backward_start = time.perf_counter()
         torch.autograd.backward(self.scaler.scale(out.loss))
+        totals["forward_s"] += backward_start - forward_start
+        totals["backward_s"] += time.perf_counter() - backward_start
         share = float(mask.sum()) / max(norm.num_tokens, 1)  # token-weighted share of the batch stats
         totals["loss"] += float(out.loss.detach())
         totals["policy_loss"] += out.policy_loss
