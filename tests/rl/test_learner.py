@@ -127,7 +127,7 @@ def test_a_step_reports_the_seconds_of_its_forward_backward_and_optimizer(
     learner = _learner(tiny_model("llama"), 1)  # three micro-batches: their seconds add up
     stats = learner.step(SAMPLES)
     assert stats.forward_s > 0 and stats.backward_s > 0 and stats.optimizer_s > 0
-    assert {"learner/forward_s", "learner/backward_s", "learner/optimizer_s"} <= set(stats.to_dict())
+    assert {"time/forward_s", "time/backward_s", "time/optimizer_s"} <= set(stats.to_dict())
     skipped = learner.step(
         [Sample(s.token_ids, s.completion_start, s.behaviour_logprobs, 0.0) for s in SAMPLES]
     )

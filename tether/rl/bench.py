@@ -113,9 +113,9 @@ def tether_phases(metrics: dict[str, float], mode: Mode) -> dict[str, float]:
     the rollout thread, overlapping the learner: the step holds only the time it waited for a batch
     (`generate_s`), and publishing the weights for that thread is its weight sync."""
     phases = {
-        "forward_s": metrics.get("learner/forward_s", 0.0),  # absent: nothing to learn, no forward
-        "backward_s": metrics.get("learner/backward_s", 0.0),
-        "optimizer_s": metrics.get("learner/optimizer_s", 0.0),
+        "forward_s": metrics.get("time/forward_s", 0.0),  # absent: nothing to learn, no forward
+        "backward_s": metrics.get("time/backward_s", 0.0),
+        "optimizer_s": metrics.get("time/optimizer_s", 0.0),
         "weight_sync_s": metrics["time/push_s"],
     }
     if mode is Mode.ASYNC:

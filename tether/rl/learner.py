@@ -57,6 +57,10 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: Sche
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+# The fields of `LearnStats` that are seconds: reported with the step's other times (`time/`).
+LEARNER_TIMES = frozenset({"forward_s", "backward_s", "optimizer_s"})
+
+
 @dataclass(frozen=True, slots=True)
 class LearnStats:
     loss: float
@@ -86,7 +90,11 @@ class LearnStats:
     optimizer_s: float = 0.0
 
     def to_dict(self, prefix: str = "learner/") -> dict[str, float]:
-        return {f"{prefix}{name}": float(getattr(self, name)) for name in self.__slots__}
+        """The statistics under `prefix`; the phases' seconds under `time/`, with the step's others."""
+        return {
+            f"{'time/' if name in LEARNER_TIMES else prefix}{name}": float(getattr(self, name))
+            for name in self.__slots__
+        }
 
 
 @dataclass(slots=True)
