@@ -134,6 +134,20 @@ def test_a_step_reports_the_seconds_of_its_forward_backward_and_optimizer(
     assert skipped.forward_s == 0.0 and skipped.backward_s == 0.0 and skipped.optimizer_s > 0
 
 
+def test_adamws_state_is_allocated_with_the_learner_and_steps_as_torchs_own(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    eager, lazy = _learner(tiny_model("llama"), 8), _learner(tiny_model("llama"), 8)
+    params = list(eager.model.parameters())
+    assert all(set(eager.optimizer.state[p]) == {"step", "exp_avg", "exp_avg_sq"} for p in params)
+    lazy.optimizer.state.clear()  # what torch's AdamW starts from: its first step allocates the state
+    for _ in range(2):
+        eager.step(SAMPLES)
+        lazy.step(SAMPLES)
+    for a, b in zip(params, lazy.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_token_budget_gives_the_same_update(tiny_model: Callable[[str], Path]) -> None:
     whole = _learner(tiny_model("llama"), 8)
     budgeted = _learner(tiny_model("llama"), 8, micro_batch_tokens=6)

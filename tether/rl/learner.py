@@ -232,10 +232,24 @@ class Learner:
             weight_decay=optim.weight_decay,
             fused=True,  # one kernel over all parameters: a 135M-parameter step is 3.6x faster on CPU
         )
+        self._allocate_moments()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda step: lr_multiplier(step, optim.warmup_steps, total_steps, optim.schedule),
         )
+
+    def _allocate_moments(self) -> None:
+        """AdamW's state, as its first step would create it (a step count, zero moments), allocated
+        with the learner instead of inside the first step: for a 135M-parameter model 1 GiB of zeros,
+        which made the first step's optimizer phase 20x its later ones on a loaded 2-core machine."""
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = self.optimizer.state[param]
+                if not state:
+                    # torch's own layout for a fused AdamW: a float32 step count on the parameter's device
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
         """The forward's matmuls in `compute_dtype` (float32 master weights; the logprobs, the loss and
