@@ -17,7 +17,7 @@ from tether.envs import bench as bench_task
 from tether.errors import ConfigError
 from tether.machine import machine_record
 from tether.rl.bench import all_informative, run_bench, speedups
-from tether.rl.bench_config import BenchConfig
+from tether.rl.bench_config import PHASES, BenchConfig, StepTimes
 from tether.rl.bench_trl import run_trl
 
 runner = CliRunner()
@@ -103,6 +103,16 @@ def test_the_informative_step_is_the_probed_batch_with_every_group_mixed(
         assert informative[name]["informative_groups"] == [3]
         assert informative[name]["zero_advantage_fraction"] == [0.0]  # the learner skipped nothing
     assert informative["all_groups_informative"] is True
+    for name in RUNS:  # where the informative step's time went, phase by phase
+        (phases,) = informative[name]["steps_phases_s"]
+        assert set(phases) == {*PHASES, "other_s"}
+        assert sum(phases.values()) == pytest.approx(informative[name]["step_s"], abs=1e-3)
+        assert phases["forward_s"] > 0 and phases["backward_s"] > 0 and phases["optimizer_s"] > 0
+        assert phases["weight_sync_s"] > 0  # async: generation overlapped; its wait may round to 0
+        assert phases["recompute_s"] == 0.0  # on-policy: the engine's logprobs, no old-policy forward
+        assert informative[name]["phases_s"] == phases  # one timed step: its phases are the medians
+    sync_phases = informative["tether_sync"]["steps_phases_s"][0]
+    assert sync_phases["generate_s"] > 0 and sync_phases["score_s"] > 0
     assert printed["torch_threads"] == 1
     assert not any(key.startswith("informative_") for key in printed)  # no TRL: no ratio
 
@@ -151,3 +161,14 @@ def test_trl_runs_in_the_same_invocation_and_the_speedup_is_reported(
     assert result["step_speedup_vs_trl"] == pytest.approx(
         result["trl"]["step_s"] / result["tether_sync"]["step_s"]
     )
+
+
+def test_a_steps_phases_sum_to_its_time_the_rest_counted_as_other() -> None:
+    times = StepTimes()
+    times.add_phases(2.0, {"generate_s": 0.5, "forward_s": 0.25, "backward_s": 0.75})
+    times.add_phases(4.0, {"generate_s": 1.5, "forward_s": 0.25, "backward_s": 0.75, "optimizer_s": 1.0})
+    first, second = times.phases
+    assert first["other_s"] == pytest.approx(0.5) and first["score_s"] == 0.0
+    assert sum(first.values()) == pytest.approx(2.0) and sum(second.values()) == pytest.approx(4.0)
+    with pytest.raises(AssertionError, match="unknown phases"):
+        times.add_phases(1.0, {"sampling_s": 1.0})

@@ -13,7 +13,7 @@ from tether.engine.llm_engine import LLMEngine
 from tether.engine.sampling import SamplingParams
 from tether.kernels.attention import AttentionKernel
 from tether.models import load
-from tether.models.dense import DenseBatch, token_logprobs
+from tether.models.dense import DenseBatch, head_logprobs, token_logprobs
 
 PROMPTS = [[5, 17, 33, 2, 90], [44, 12], [7, 7, 7, 7, 7, 7, 7, 7, 8]]
 
@@ -279,3 +279,37 @@ def test_an_attention_given_from_outside_is_refused_for_sliding_window_layers(
     batch = DenseBatch.padded([[1, 2, 3, 4]])
     with pytest.raises(UnsupportedModelError, match="sliding-window"):
         hidden_states(model, batch, attend=lambda q, k, v, scale: q)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_fused_head_logprobs_equal_autograds_values_and_gradients(
+    tiny_model: Callable[[str], Path], temperature: float
+) -> None:
+    model, _, _ = load(tiny_model("llama"))
+    model.train().requires_grad_(True)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, model.config.hidden_size, generator=generator)
+    tokens = torch.randint(0, model.config.vocab_size, (7,), generator=generator)
+    weights = torch.randn(7, generator=generator)  # a loss that weighs every token differently
+
+    def run(fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        h = hidden.clone().requires_grad_(True)
+        if fused:
+            logprobs = head_logprobs(model, h, tokens, temperature)
+            # One backward node over [N, vocab], and at temperature 1 no division by it in front.
+            node = logprobs.grad_fn
+            assert node is not None and type(node).__name__ == "_PickedLogSoftmaxBackward"
+            inputs = [type(f).__name__ for f, _ in node.next_functions if f is not None]
+            assert ("DivBackward0" in inputs) is (temperature != 1)
+        else:  # autograd through torch's own ops, as the engine's sampler normalises
+            logits = model.lm_head(h).float()
+            logprobs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        (logprobs * weights).sum().backward()
+        assert h.grad is not None and model.lm_head.weight.grad is not None
+        return logprobs.detach(), h.grad, model.lm_head.weight.grad.clone()
+
+    (fused, fused_hidden, fused_head), (plain, plain_hidden, plain_head) = run(True), run(False)
+    assert torch.equal(fused, plain)  # the engine's logprobs, bit for bit
+    assert torch.allclose(fused_hidden, plain_hidden, atol=1e-6)
+    assert torch.allclose(fused_head, plain_head, atol=1e-6)

@@ -121,6 +121,33 @@ def test_a_step_with_every_sample_skipped_still_steps_the_optimizer(
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True))
 
 
+def test_a_step_reports_the_seconds_of_its_forward_backward_and_optimizer(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    learner = _learner(tiny_model("llama"), 1)  # three micro-batches: their seconds add up
+    stats = learner.step(SAMPLES)
+    assert stats.forward_s > 0 and stats.backward_s > 0 and stats.optimizer_s > 0
+    assert {"time/forward_s", "time/backward_s", "time/optimizer_s"} <= set(stats.to_dict())
+    skipped = learner.step(
+        [Sample(s.token_ids, s.completion_start, s.behaviour_logprobs, 0.0) for s in SAMPLES]
+    )
+    assert skipped.forward_s == 0.0 and skipped.backward_s == 0.0 and skipped.optimizer_s > 0
+
+
+def test_adamws_state_is_allocated_with_the_learner_and_steps_as_torchs_own(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    eager, lazy = _learner(tiny_model("llama"), 8), _learner(tiny_model("llama"), 8)
+    params = list(eager.model.parameters())
+    assert all(set(eager.optimizer.state[p]) == {"step", "exp_avg", "exp_avg_sq"} for p in params)
+    lazy.optimizer.state.clear()  # what torch's AdamW starts from: its first step allocates the state
+    for _ in range(2):
+        eager.step(SAMPLES)
+        lazy.step(SAMPLES)
+    for a, b in zip(params, lazy.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_token_budget_gives_the_same_update(tiny_model: Callable[[str], Path]) -> None:
     whole = _learner(tiny_model("llama"), 8)
     budgeted = _learner(tiny_model("llama"), 8, micro_batch_tokens=6)

@@ -464,7 +464,29 @@ def head_logprobs(
     logits = model.lm_head(hidden).float()
     # The engine's sampler's own normalisation (`tether.engine.sampling`), so the values agree bit for bit.
     if temperature > 0:
-        logprobs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        # x / 1 is x exactly: at temperature 1 the two passes over [N, vocab] (forward and backward)
+        # would change no bit.
+        scaled = logits if temperature == 1 else logits / temperature
+        logprobs: torch.Tensor = _PickedLogSoftmax.apply(scaled, tokens)  # type: ignore[no-untyped-call]
     else:
         logprobs = logits.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     return logprobs
+
+
+class _PickedLogSoftmax(torch.autograd.Function):
+    """log_softmax(logits)[i, tokens[i]] with the same forward values as torch's, and a backward that
+    writes the [N, vocab] gradient in one pass (-softmax * g, plus g at the picked token) instead of
+    autograd's three (a zero gradient for the gather, its scatter, then log_softmax's backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        log_softmax = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(log_softmax, tokens)
+        return log_softmax.gather(-1, tokens[:, None])[:, 0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        log_softmax, tokens = ctx.saved_tensors
+        grad_logits = log_softmax.exp().mul_(-grad[:, None])
+        grad_logits.scatter_add_(-1, tokens[:, None], grad[:, None])
+        return grad_logits, None

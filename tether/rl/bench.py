@@ -12,9 +12,14 @@ tether skips and TRL computes), the *informative step* is measured on its own (`
 whose every group was probed to score mixed rewards, tether's sync step 0 and async step 1 from the
 initial weights (each batch generated with them, so the probe's completions are the step's) against TRL
 on the same prompts, with how many groups of each timed step really were informative. The sync step is
-a fresh run's first (after the regular runs warmed the process), so it also pays for allocating AdamW's
-state, which TRL's steady steps do not: the figure errs against tether. Every run uses the same fixed
-torch thread count (tether's adaptive threads off), recorded with the machine.
+a fresh run's first (after the regular runs warmed the process); AdamW's state is allocated with the
+learner before it, as TRL's is in its warm-up step, so neither timed step pays for that. Every run uses
+the same fixed torch thread count (tether's adaptive threads off), recorded with the machine.
+
+Every step is also broken into phases (`bench_config.PHASES`: generation, scoring, no-grad logprob
+recomputes, the learner's forward, backward and optimizer step, the weight sync, and the rest), each
+step's summing to its time, for tether from its metrics (`tether_phases`) and for TRL from its timed
+methods: where a step's time goes, next to how long it took.
 """
 
 from __future__ import annotations
@@ -103,6 +108,21 @@ class RecordedRewards:
         self.inner.close()
 
 
+def tether_phases(metrics: dict[str, float], mode: Mode) -> dict[str, float]:
+    """A tether step's phases (`PHASES`) from its metrics. In async mode generation and scoring run on
+    the rollout thread, overlapping the learner: the step holds only the time it waited for a batch
+    (`generate_s`), and publishing the weights for that thread is its weight sync."""
+    phases = {
+        "forward_s": metrics.get("time/forward_s", 0.0),  # absent: nothing to learn, no forward
+        "backward_s": metrics.get("time/backward_s", 0.0),
+        "optimizer_s": metrics.get("time/optimizer_s", 0.0),
+        "weight_sync_s": metrics["time/push_s"],
+    }
+    if mode is Mode.ASYNC:
+        return {**phases, "generate_s": metrics["time/wait_s"]}
+    return {**phases, "generate_s": metrics["time/generate_s"], "score_s": metrics["time/score_s"]}
+
+
 def run_tether(
     config: BenchConfig,
     mode: Mode,
@@ -130,6 +150,7 @@ def run_tether(
         times.zero_advantage.append(skipped / metrics["rollouts"])
         rewards = recorded.batches[len(times.step_s) - 1]
         times.informative_groups.append(informative_groups(rewards, config.samples))
+        times.add_phases(metrics["time/step_s"], tether_phases(metrics, mode))
         progress(
             f"tether {mode.value}: step {len(times.step_s)}/{train.run.steps} "
             f"{metrics['time/step_s']:.1f} s, reward {metrics['reward']:.2f}"

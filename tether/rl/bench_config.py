@@ -14,6 +14,20 @@ from tether.errors import ConfigError
 
 Progress = Callable[[str], None]
 
+# Where a step's wall time goes, for tether and TRL alike: generation, scoring (rewards), no-grad logprob
+# forwards (old-policy or reference logprobs: tether's on-policy step has none, it reuses the engine's),
+# the learner's forwards with the loss, backwards, clipping and optimizer step, the weights' push to the
+# rollout engine (TRL generates with the model it trains: none), and `other_s`, the rest of the step.
+PHASES = (
+    "generate_s",
+    "score_s",
+    "recompute_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "weight_sync_s",
+)
+
 TRL_HINT = "pip install 'trl>=1.0,<2' (a benchmark-only dependency), or leave TRL out with --no-trl"
 
 
@@ -83,6 +97,16 @@ class StepTimes:
     # Share of sequences in all-equal-reward groups (advantage 0): tether skips their forward, TRL not.
     zero_advantage: list[float] = field(default_factory=list)
     informative_groups: list[int] = field(default_factory=list)  # groups with mixed rewards
+    phases: list[dict[str, float]] = field(default_factory=list)  # per step: `PHASES` and other_s
+
+    def add_phases(self, step_s: float, measured: dict[str, float]) -> None:
+        """Record a step's phases (`PHASES`, 0 where it had none); `other_s` is the rest of `step_s`,
+        so that they sum to it."""
+        unknown = set(measured) - set(PHASES)
+        assert not unknown, f"unknown phases {sorted(unknown)}"
+        phases = {name: measured.get(name, 0.0) for name in PHASES}
+        phases["other_s"] = step_s - sum(phases.values())
+        self.phases.append(phases)
 
     def add(self, other: StepTimes, index: int) -> None:
         """Append step `index` of `other` (one timed step of a fresh run)."""
@@ -104,6 +128,14 @@ class StepTimes:
             "reward": [round(r, 4) for r in self.reward],
             "zero_advantage_fraction": [round(z, 4) for z in self.zero_advantage],
             "informative_groups": self.informative_groups[warmup:],
+            # The measured steps' phases: each step's sum to its step_s; then each phase's median.
+            "steps_phases_s": [{k: round(v, 4) for k, v in p.items()} for p in self.phases[warmup:]],
+            "phases_s": {
+                name: round(statistics.median(p[name] for p in self.phases[warmup:]), 4)
+                for name in (*PHASES, "other_s")
+            }
+            if self.phases[warmup:]
+            else {},
         }
 
 

@@ -39,7 +39,7 @@ def run_trl(
         tasks = [task for _ in range(config.total_steps) for task in batch]
     dataset = datasets.Dataset.from_list([{"prompt": t.messages, "answer": t.reference} for t in tasks])
     times, clock = StepTimes(), CpuClock()
-    generating = [0.0]
+    phases: dict[str, float] = {}  # the current step's (`PHASES`), added up by the timed methods
 
     def correct(completions: Sequence[Any], answer: Sequence[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
@@ -50,12 +50,18 @@ def run_trl(
             self.last = time.perf_counter()
             clock.lap()
 
+        def on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            # From the end of the backward (the last timed call): clipping and AdamW's step, as tether's.
+            add("optimizer_s", last_end[0])
+
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             now = time.perf_counter()
             times.step_s.append(now - self.last)
-            times.generate_s.append(generating[0])
+            times.generate_s.append(phases.get("generate_s", 0.0))
             times.cpu_s.append(clock.lap())
-            self.last, generating[0] = now, 0.0
+            times.add_phases(now - self.last, phases)
+            self.last = now
+            phases.clear()
 
         def on_log(self, *args: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
             if logs and "reward" in logs:
@@ -97,15 +103,28 @@ def run_trl(
         processing_class=AutoTokenizer.from_pretrained(folder),
         callbacks=[Timer()],
     )
-    generate = trainer._generate
+    last_end = [0.0]  # when the last timed method returned
 
-    def timed_generate(*a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return generate(*a, **kw)
-        finally:
-            generating[0] += time.perf_counter() - start
+    def add(name: str, start: float) -> None:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
 
-    trainer._generate = timed_generate
+    def timed(method: Any, name: str | None) -> Any:
+        """`method`, its seconds added to phase `name` (None: a logprob forward, which is the learner's
+        `forward_s` with gradients and a `recompute_s` of old or reference logprobs without)."""
+
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*a, **kw)
+            finally:
+                add(name or ("forward_s" if torch.is_grad_enabled() else "recompute_s"), start)
+                last_end[0] = time.perf_counter()
+
+        return wrapper
+
+    trainer._generate = timed(trainer._generate, "generate_s")
+    trainer._calculate_rewards = timed(trainer._calculate_rewards, "score_s")
+    trainer._get_per_token_logps_and_entropies = timed(trainer._get_per_token_logps_and_entropies, None)
+    trainer.accelerator.backward = timed(trainer.accelerator.backward, "backward_s")
     trainer.train()
     return times
