@@ -165,3 +165,20 @@ def test_w8a8_perplexity_delta_is_small_on_smollm2(smollm2_folder: Path) -> None
     tokens = [int(t) for t in tokenizer.encode(REFERENCE_TEXT, add_special_tokens=False)]
     float_ppl, w8a8_ppl = perplexity(float_model, tokens), perplexity(w8a8_model, tokens)
     assert abs(w8a8_ppl - float_ppl) < 0.05 * float_ppl, (float_ppl, w8a8_ppl)
+
+
+def test_w8a8_quantizes_the_head_and_a_tied_heads_copy_follows_an_embedding_update(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    model, _, config = load(tiny_model("llama"), quantization="w8a8")
+    assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.dynamic
+    assert config.tie_word_embeddings
+    embedding = torch.randn_like(model.model.embed_tokens.weight)
+    before = model.lm_head.qweight.clone()
+    update_quantized_weights(model, [("model.embed_tokens.weight", embedding)])
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    expected = QuantizedLinear(embedding.shape[1], embedding.shape[0])
+    expected.set_weight(embedding)
+    assert not torch.equal(model.lm_head.qweight, before)
+    assert torch.equal(model.lm_head.qweight, expected.qweight)
+    assert torch.equal(model.lm_head.scale, expected.scale)
