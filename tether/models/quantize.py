@@ -61,7 +61,7 @@ def quantize_w8a8(model: CausalLM) -> CausalLM:
     head included (a fifth of SmolLM2's multiply-adds; +0.2% perplexity): the embedding stays in float,
     and a tied head is quantized again whenever the embedding is updated."""
     quantize_int8(model, dynamic=True)
-    model.lm_head = QuantizedLinear.from_linear(model.lm_head, dynamic=True)
+    model.add_module("lm_head", QuantizedLinear.from_linear(model.lm_head, dynamic=True))
     return model
 
 
