@@ -19,6 +19,7 @@ XEON_AVX512 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu sse2 fma avx avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_tile
 """
+EPYC_VNNI = "processor\t: 0\nflags\t\t: fpu fma avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
 OLD_X86 = "processor\t: 0\nflags\t\t: fpu sse sse2 sse4_2 avx\n"
 
 
@@ -31,10 +32,15 @@ OLD_X86 = "processor\t: 0\nflags\t\t: fpu sse sse2 sse4_2 avx\n"
             True,
             {CpuFeature.AVX2_FMA, CpuFeature.AVX512F, CpuFeature.ONEDNN, CpuFeature.ONEDNN_BF16},
         ),
+        (
+            EPYC_VNNI,
+            False,
+            {CpuFeature.AVX2_FMA, CpuFeature.AVX512F, CpuFeature.AVX512_VNNI, CpuFeature.ONEDNN},
+        ),
         (OLD_X86, False, {CpuFeature.ONEDNN}),
         ("", False, {CpuFeature.ONEDNN}),
     ],
-    ids=["epyc-avx2", "xeon-avx512", "no-avx2", "no-cpuinfo"],
+    ids=["epyc-avx2", "xeon-avx512", "epyc-vnni", "no-avx2", "no-cpuinfo"],
 )
 def test_features_follow_the_flags_and_torchs_checks(
     cpuinfo: str, onednn_bf16: bool, expected: set[CpuFeature]

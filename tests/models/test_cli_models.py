@@ -89,3 +89,19 @@ def test_doctor_names_the_int8_weight_kernels_path(
     monkeypatch.setattr(cpu, "detected", lambda: frozenset(features))
     report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
     assert report["kernels"]["int8"]["projections"] == f"int8 weight kernel, {path}"
+
+
+@pytest.mark.parametrize(
+    ("features", "path"),
+    [
+        ({CpuFeature.AVX2_FMA, CpuFeature.AVX512F, CpuFeature.AVX512_VNNI}, "VNNI"),
+        ({CpuFeature.AVX2_FMA, CpuFeature.AVX512F}, "AVX2"),
+        (set(), "PORTABLE"),
+    ],
+)
+def test_doctor_names_the_dynamic_int8_kernels_path(
+    monkeypatch: pytest.MonkeyPatch, features: set[CpuFeature], path: str
+) -> None:
+    monkeypatch.setattr(cpu, "detected", lambda: frozenset(features))
+    report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+    assert report["kernels"]["w8a8"]["projections"] == f"dynamic int8 kernel, {path}"

@@ -141,3 +141,44 @@ def test_int8_perplexity_delta_is_small_on_smollm2(smollm2_folder: Path) -> None
     float_ppl, int8_ppl = perplexity(float_model, tokens), perplexity(int8_model, tokens)
     assert 1 < float_ppl < 100, float_ppl
     assert abs(int8_ppl - float_ppl) < 0.05 * float_ppl, (float_ppl, int8_ppl)
+
+
+def test_w8a8_layers_kernel_matches_its_torch_fallback_and_stacks_as_one_call_each() -> None:
+    torch.manual_seed(3)
+    layers = [QuantizedLinear.from_linear(nn.Linear(64, n, bias=True), dynamic=True) for n in (40, 8)]
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        kernel = [layer(x) for layer in layers]
+        stacked = stacked_projections(x, layers, None)
+    assert all(torch.equal(s, k) for s, k in zip(stacked, kernel, strict=True))
+    fallback = [layer(x.requires_grad_()) for layer in layers]  # autograd: the torch reference
+    for out, expected in zip(kernel, fallback, strict=True):
+        torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-5)
+    weight_only = x.detach() @ layers[0].dequantize().T + layers[0].bias
+    assert not torch.allclose(kernel[0], weight_only, rtol=0, atol=1e-6)  # the rows were rounded too
+
+
+def test_w8a8_perplexity_delta_is_small_on_smollm2(smollm2_folder: Path) -> None:
+    float_model, tokenizer, _ = load(smollm2_folder)
+    w8a8_model, _, _ = load(smollm2_folder, quantization="w8a8")
+    assert all(m.dynamic for m in w8a8_model.modules() if isinstance(m, QuantizedLinear))
+    tokens = [int(t) for t in tokenizer.encode(REFERENCE_TEXT, add_special_tokens=False)]
+    float_ppl, w8a8_ppl = perplexity(float_model, tokens), perplexity(w8a8_model, tokens)
+    assert abs(w8a8_ppl - float_ppl) < 0.05 * float_ppl, (float_ppl, w8a8_ppl)
+
+
+def test_w8a8_quantizes_the_head_and_a_tied_heads_copy_follows_an_embedding_update(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    model, _, config = load(tiny_model("llama"), quantization="w8a8")
+    assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.dynamic
+    assert config.tie_word_embeddings
+    embedding = torch.randn_like(model.model.embed_tokens.weight)
+    before = model.lm_head.qweight.clone()
+    update_quantized_weights(model, [("model.embed_tokens.weight", embedding)])
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    expected = QuantizedLinear(embedding.shape[1], embedding.shape[0])
+    expected.set_weight(embedding)
+    assert not torch.equal(model.lm_head.qweight, before)
+    assert torch.equal(model.lm_head.qweight, expected.qweight)
+    assert torch.equal(model.lm_head.scale, expected.scale)

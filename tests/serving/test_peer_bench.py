@@ -22,7 +22,12 @@ from tether.cli import engine as engine_cli
 from tether.errors import ConfigError
 from tether.machine import machine_record
 from tether.serving.llama_server import ServerFailed, cached_binary, find_llama_server, running_server
-from tether.serving.peer_bench import PeerBenchConfig, run_peer_bench, tether_command
+from tether.serving.peer_bench import (
+    INT8_QUANTIZATION,
+    PeerBenchConfig,
+    run_peer_bench,
+    tether_command,
+)
 from tether.web import free_port
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -187,7 +192,7 @@ def test_the_int8_contestant_serves_quantized_weights(
     """The same prompt's greedy log-probabilities differ between the float32 and the int8 server: the
     second one's weights are rounded to int8, so it cannot be the float32 model under another name."""
     logprobs = {}
-    for quantization in (None, "int8"):
+    for quantization in (None, INT8_QUANTIZATION):
         port = free_port()
         command = tether_command(tiny_model("llama"), port, threads=1, slots=2, quantization=quantization)
         url = f"http://127.0.0.1:{port}"
@@ -196,8 +201,8 @@ def test_the_int8_contestant_serves_quantized_weights(
             reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
             assert reply.status_code == 200, reply.text
             logprobs[quantization] = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
-    assert len(logprobs[None]) == len(logprobs["int8"]) == 3
-    assert logprobs[None] != logprobs["int8"]
+    assert len(logprobs[None]) == len(logprobs[INT8_QUANTIZATION]) == 3
+    assert logprobs[None] != logprobs[INT8_QUANTIZATION]
 
 
 def test_make_bench_builds_only_llama_server_where_the_lookup_finds_it(tmp_path: Path) -> None:

@@ -81,6 +81,7 @@ def doctor_command(
     from tether.kernels.attention import attention_kernel
     from tether.kernels.cpu import USES, cpu_model, detected
     from tether.kernels.int8_gemm import int8_kernel
+    from tether.kernels.w8a8_gemm import w8a8_kernel
     from tether.models.prepack import projection_kernel
 
     features = detected()
@@ -94,6 +95,7 @@ def doctor_command(
     }
     # int8 weights (`quantization = "int8"`) compute in float32: float32's attention, the int8 kernel's path
     kernels["int8"] = (f"int8 weight kernel, {int8_kernel(features).name}", kernels["float32"][1])
+    kernels["w8a8"] = (f"dynamic int8 kernel, {w8a8_kernel(features).name}", kernels["float32"][1])
     if as_json:
         print_json(
             {

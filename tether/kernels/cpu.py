@@ -21,6 +21,7 @@ from tether.machine import cpu_model as cpu_model
 class CpuFeature(Enum):
     AVX2_FMA = "avx2+fma"
     AVX512F = "avx512f"
+    AVX512_VNNI = "avx512f+avx512_vnni"
     ONEDNN = "onednn"
     ONEDNN_BF16 = "onednn-bf16"
 
@@ -29,6 +30,7 @@ class CpuFeature(Enum):
 USES = {
     CpuFeature.AVX2_FMA: "AVX2 and FMA instructions: the decode attention kernel's vector path",
     CpuFeature.AVX512F: "AVX-512 foundation instructions: the int8 weight matmul's widest path",
+    CpuFeature.AVX512_VNNI: "AVX-512 VNNI byte dot products: the dynamic int8 matmul's widest path",
     CpuFeature.ONEDNN: "torch built with oneDNN: prepacked float32 projections",
     CpuFeature.ONEDNN_BF16: "oneDNN's bfloat16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): "
     "prepacked bfloat16 projections",
@@ -42,6 +44,8 @@ def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> froze
         found.add(CpuFeature.AVX2_FMA)
     if "avx512f" in flags:
         found.add(CpuFeature.AVX512F)
+        if "avx512_vnni" in flags:
+            found.add(CpuFeature.AVX512_VNNI)
     if onednn:
         found.add(CpuFeature.ONEDNN)
         if onednn_bf16:

@@ -4,6 +4,8 @@ Each output channel gets one symmetric scale (its largest |weight| / 127); activ
 the matmul widens the int8 weights to float (`quantized_linear`). Embeddings, norms and the output head
 stay in float. On CPU the projections run through the int8 kernel (`tether.kernels.int8_gemm`), which
 reads a quarter of float32's bytes: decoding is faster than in float wherever it waits on the weights.
+`w8a8` rounds the layers' input rows to int8 as well, in blocks of 32, for byte-by-byte dot products
+(`QuantizedLinear.dynamic`): faster where a batch of rows makes float32 wait on arithmetic.
 """
 
 from __future__ import annotations
@@ -43,17 +45,30 @@ REFERENCE_TEXT = (
 )
 
 
-def quantize_int8(model: CausalLM) -> CausalLM:
-    """Replace every Linear inside the transformer blocks by a QuantizedLinear, in place."""
+def quantize_int8(model: CausalLM, dynamic: bool = False) -> CausalLM:
+    """Replace every Linear inside the transformer blocks by a QuantizedLinear, in place; with `dynamic`,
+    its input rows are rounded to int8 too (`QuantizedLinear.dynamic`)."""
     for layer in model.model.layers:
         for parent in layer.modules():
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(parent, name, QuantizedLinear.from_linear(child))
+                    setattr(parent, name, QuantizedLinear.from_linear(child, dynamic))
     return model
 
 
-QUANTIZERS: dict[str, Callable[[CausalLM], CausalLM]] = {"int8": quantize_int8}
+def quantize_w8a8(model: CausalLM) -> CausalLM:
+    """int8 weights and int8 activations in blocks of 32 (`quantize_int8` with `dynamic`), the output
+    head included (a fifth of SmolLM2's multiply-adds; +0.2% perplexity): the embedding stays in float,
+    and a tied head is quantized again whenever the embedding is updated."""
+    quantize_int8(model, dynamic=True)
+    model.add_module("lm_head", QuantizedLinear.from_linear(model.lm_head, dynamic=True))
+    return model
+
+
+TIED_EMBEDDING = "model.embed_tokens.weight"
+"""The parameter a tied output head shares (`CausalLM.tie_weights`)."""
+
+QUANTIZERS: dict[str, Callable[[CausalLM], CausalLM]] = {"int8": quantize_int8, "w8a8": quantize_w8a8}
 
 
 def get_quantizer(method: str) -> Callable[[CausalLM], CausalLM]:
@@ -102,4 +117,8 @@ def update_quantized_weights(
             quantized[name].set_weight(tensor.to(quantized[name].qweight.device))
         else:
             params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+    head = quantized.get("lm_head.weight")
+    tied = isinstance(model, CausalLM) and model.config.tie_word_embeddings
+    if head is not None and tied and any(name == TIED_EMBEDDING for name, _ in items):
+        head.set_weight(params[TIED_EMBEDDING])  # the quantized head is a copy of the embedding, not it
     return len(items)

@@ -1,7 +1,8 @@
 """`tether serve` against llama.cpp's `llama-server` on the same weights and threads, in one run.
 
-Four servers run side by side, each measured alone in turn: `tether serve` in float32 and with its int8
-weights (`models.quantize`), llama-server on a float32 GGUF of the very weights tether serves
+Four servers run side by side, each measured alone in turn: `tether serve` in float32 and with int8
+weights and int8 activations (`models.quantize`'s `w8a8`: the like of llama.cpp's q8 activations),
+llama-server on a float32 GGUF of the very weights tether serves
 (`models.gguf_export`: like for like), and llama-server on the package's Q4_1 GGUF (its own fast path).
 float32 is set against float32, and tether's int8 against llama.cpp's Q4_1 (each one's quantized path).
 Each round measures every server at every stream count before the next round starts, so a machine that
@@ -45,6 +46,9 @@ TETHER_INT8 = "tether_int8"
 LLAMA_F32 = "llama_cpp_f32"
 LLAMA_Q4 = "llama_cpp_q4"
 SERVED_NAME = "bench"
+INT8_QUANTIZATION = "w8a8"
+"""tether's quantized contestant (a key of `models.quantize.QUANTIZERS`): llama.cpp's Q4_1 dot products
+quantize the activations to 8 bits in blocks of 32 as well."""
 # (ratio key, tether server, llama-server): the issue's checks set float32 against float32 and each
 # one's quantized path against the other's; tether's float32 against Q4_1 is recorded beside them.
 PAIRINGS = (
@@ -245,7 +249,7 @@ def _servers(
             binary, gguf, threads, slots, config.prefix_tokens + 2 * config.max_tokens + 64
         )
         yield name, spec.command(port), f"http://127.0.0.1:{port}", "/health"
-    for name, quantization in ((TETHER, None), (TETHER_INT8, "int8")):
+    for name, quantization in ((TETHER, None), (TETHER_INT8, INT8_QUANTIZATION)):
         port = free_port()
         command = tether_command(folder, port, threads, slots, quantization)
         yield name, command, f"http://127.0.0.1:{port}", "/healthz"
