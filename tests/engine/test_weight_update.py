@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.memory_maps import mapped_file, needs_proc_maps
 from tether.engine import EngineConfig, FinishReason
 from tether.engine.async_engine import AsyncEngine
 from tether.engine.llm_engine import Completion, LLMEngine, RequestOutput
@@ -340,3 +341,19 @@ def test_pause_resume_on_smollm2_continues_with_recomputed_kv(smollm2_path: Path
             engine.update_weights(weights(original, steps // 4))
     assert all(len(c.policy_versions) > 1 for o in outputs.values() for c in o.completions)
     assert_consistent(smollm2_path, original, outputs, dict.fromkeys(outputs, params))
+
+
+@needs_proc_maps
+def test_a_first_update_moves_the_weight_off_the_checkpoints_file_and_later_ones_write_in_place(
+    tiny_path: Path, original: torch.Tensor
+) -> None:
+    model, _, _ = load(tiny_path)
+    runner = ModelRunner(model, num_blocks=8, block_size=BLOCK)
+    param = dict(model.named_parameters())[NAME]
+    assert mapped_file(param.data_ptr()).endswith(".safetensors")  # what load gives
+    runner.update_weights(weights(original, 1))
+    assert not mapped_file(param.data_ptr()).endswith(".safetensors")
+    assert torch.equal(param, weights(original, 1)[NAME])
+    moved = param.data_ptr()
+    runner.update_weights(weights(original, 2))
+    assert param.data_ptr() == moved and torch.equal(param, weights(original, 2)[NAME])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.memory_maps import mapped_file, needs_proc_maps
 from tether.models import load
 from tether.models.dense import DenseBatch, token_logprobs
 from tether.rl.learner import Learner
@@ -168,3 +169,22 @@ def test_kl_to_the_reference_starts_at_zero_then_grows(tiny_model: Callable[[str
     assert second.kl > 1e-6
     assert learner.reference is not None
     assert all(not p.requires_grad for p in learner.reference.parameters())
+
+
+@needs_proc_maps
+def test_the_trained_weights_are_the_learners_own_memory_not_the_checkpoints_file_mapping(
+    tiny_model: Callable[[str], Path],
+) -> None:
+    folder = tiny_model("llama")
+    loaded, _, _ = load(folder)
+    mapped = {name: mapped_file(p.data_ptr()) for name, p in loaded.named_parameters()}
+    assert any(path.endswith(".safetensors") for path in mapped.values())  # what load gives
+    learner = Learner(
+        loaded, OptimSection(lr=1.0, eps=1.0), LossConfig(), total_steps=1, temperature=1.0, max_new_tokens=4
+    )
+    owned = {name: mapped_file(p.data_ptr()) for name, p in learner.model.named_parameters()}
+    assert not [name for name, path in owned.items() if path.endswith(".safetensors")]
+    reference, _, _ = load(folder)
+    learner.step(SAMPLES)  # trains as before: the first step moves every weight
+    for (name, a), (_, b) in zip(learner.model.named_parameters(), reference.named_parameters(), strict=True):
+        assert not torch.equal(a, b), name

@@ -232,11 +232,22 @@ class Learner:
             weight_decay=optim.weight_decay,
             fused=True,  # one kernel over all parameters: a 135M-parameter step is 3.6x faster on CPU
         )
+        self._own_weights()
         self._allocate_moments()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda step: lr_multiplier(step, optim.warmup_steps, total_steps, optim.schedule),
         )
+
+    def _own_weights(self) -> None:
+        """The trained weights in this process's own memory. `load` maps the checkpoint's file
+        privately, so the first optimizer step's in-place writes would copy it page by page: for SmolLM2
+        1.6 s of a 1.7 s first optimizer phase, against 0.18 s to copy the weights here.
+        FSDP's shards and accelerator tensors are already their own."""
+        with torch.no_grad():
+            for param in self.trainable.parameters():
+                if param.device.type == "cpu" and not isinstance(param, DTensor):
+                    param.data = param.data.clone()
 
     def _allocate_moments(self) -> None:
         """AdamW's state, as its first step would create it (a step count, zero moments), allocated
