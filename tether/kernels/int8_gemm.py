@@ -62,29 +62,40 @@ class PackedInt8:
     in_features: int
 
 
-def pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> PackedInt8:
-    """Pack an int8 weight [out, in] with its per-output float scales [out] (and bias [out])."""
+def check_weight(qweight: torch.Tensor) -> None:
+    """A weight the int8 kernels pack (this one and `w8a8_gemm`'s): 2-d int8 on the CPU."""
     if qweight.dtype != torch.int8 or qweight.dim() != 2 or qweight.device.type != "cpu":
         raise ValueError(
             f"expected a 2-d int8 CPU weight, got {qweight.dtype} of shape {tuple(qweight.shape)} "
             f"on {qweight.device}"
         )
-    out_features, in_features = qweight.shape
-    if in_features < 1 or out_features < 1:
-        raise ValueError(f"cannot pack an empty weight of shape {tuple(qweight.shape)}")
+
+
+def check_vectors(out_features: int, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Per-output scales (and bias) that fit `out_features`."""
     for name, vector in (("scale", scale), ("bias", bias)):
         if vector is not None and tuple(vector.shape) != (out_features,):
             raise ValueError(f"{name} of shape {tuple(vector.shape)} does not fit {out_features} outputs")
+
+
+def widen(vector: torch.Tensor, padded: int) -> torch.Tensor:
+    """A per-output vector as the kernels read it: float32, `padded` zeros past the last output."""
+    return F.pad(vector.detach().to(torch.float32, copy=True), (0, padded)).contiguous()
+
+
+def pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> PackedInt8:
+    """Pack an int8 weight [out, in] with its per-output float scales [out] (and bias [out])."""
+    check_weight(qweight)
+    out_features, in_features = qweight.shape
+    if in_features < 1 or out_features < 1:
+        raise ValueError(f"cannot pack an empty weight of shape {tuple(qweight.shape)}")
+    check_vectors(out_features, scale, bias)
     padded = -out_features % PANEL
     panels = F.pad(qweight.detach(), (0, 0, 0, padded)).view(-1, PANEL, in_features).transpose(1, 2)
-
-    def widen(vector: torch.Tensor) -> torch.Tensor:
-        return F.pad(vector.detach().to(torch.float32, copy=True), (0, padded)).contiguous()
-
     return PackedInt8(
         panels=panels.contiguous(),
-        scale=widen(scale),
-        bias=None if bias is None else widen(bias),
+        scale=widen(scale, padded),
+        bias=None if bias is None else widen(bias, padded),
         out_features=out_features,
         in_features=in_features,
     )

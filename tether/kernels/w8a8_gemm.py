@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from tether.kernels import (
     _w8a8mm,  # after torch: its OpenMP runtime is then the one the kernel links to
     cpu,
+    int8_gemm,
 )
 from tether.kernels.cpu import CpuFeature
 
@@ -73,31 +74,21 @@ def packable(in_features: int) -> bool:
 
 def pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> PackedW8A8:
     """Pack an int8 weight [out, in] (in a multiple of 32) with its per-output scales (and bias)."""
-    if qweight.dtype != torch.int8 or qweight.dim() != 2 or qweight.device.type != "cpu":
-        raise ValueError(
-            f"expected a 2-d int8 CPU weight, got {qweight.dtype} of shape {tuple(qweight.shape)} "
-            f"on {qweight.device}"
-        )
+    int8_gemm.check_weight(qweight)
     out_features, in_features = qweight.shape
     if out_features < 1 or not packable(in_features):
         raise ValueError(
             f"cannot pack a weight of shape {tuple(qweight.shape)}: expected outputs and a multiple of "
             f"{BLOCK} inputs"
         )
-    for name, vector in (("scale", scale), ("bias", bias)):
-        if vector is not None and tuple(vector.shape) != (out_features,):
-            raise ValueError(f"{name} of shape {tuple(vector.shape)} does not fit {out_features} outputs")
+    int8_gemm.check_vectors(out_features, scale, bias)
     padded = -out_features % PANEL
     shifted = (F.pad(qweight.detach(), (0, 0, 0, padded)).to(torch.int16) + 128).to(torch.uint8)
     panels = shifted.view(-1, PANEL, in_features // 4, 4).transpose(1, 2)
-
-    def widen(vector: torch.Tensor) -> torch.Tensor:
-        return F.pad(vector.detach().to(torch.float32, copy=True), (0, padded)).contiguous()
-
     return PackedW8A8(
         panels=panels.contiguous(),
-        scale=widen(scale),
-        bias=None if bias is None else widen(bias),
+        scale=int8_gemm.widen(scale, padded),
+        bias=None if bias is None else int8_gemm.widen(bias, padded),
         out_features=out_features,
         in_features=in_features,
     )
@@ -120,14 +111,8 @@ def reference(
     return F.linear(quantize_rows(x), weight, None if bias is None else bias.to(x.dtype))
 
 
-def supports(x: torch.Tensor) -> bool:
-    """Whether rows `x` can run through the kernel: CPU float32, no autograd, no autocast."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not (torch.is_grad_enabled() and x.requires_grad)
-        and not torch.is_autocast_enabled("cpu")
-    )
+# The rows both int8 kernels take: CPU float32, outside autograd and autocast.
+supports = int8_gemm.supports
 
 
 def linear(x: torch.Tensor, packed: PackedW8A8, kernel: W8A8Kernel | None = None) -> torch.Tensor:
