@@ -27,7 +27,7 @@ from tether.machine import warn_if_busy
 from tether.sandbox.launch import Launch, launch
 
 # The pool, its results and specs are imported by the commands, once they have launched their workers:
-# a worker's interpreter and imports then overlap this process's own (see `worker.launch`).
+# a worker's interpreter and imports then overlap this process's own (`tether.sandbox.launch`).
 if TYPE_CHECKING:
     from tether.sandbox.humaneval import HumanEvalReport
     from tether.sandbox.spec import SandboxSpec

@@ -12,8 +12,9 @@ tether skips and TRL computes), the *informative step* is measured on its own (`
 whose every group was probed to score mixed rewards, tether's sync step 0 and async step 1 from the
 initial weights (each batch generated with them, so the probe's completions are the step's) against TRL
 on the same prompts, with how many groups of each timed step really were informative. The sync step is
-a fresh run's first (after the regular runs warmed the process); AdamW's state is allocated with the
-learner before it, as TRL's is in its warm-up step, so neither timed step pays for that. Every run uses
+a fresh run's first (after the regular runs warmed the process); AdamW's state is allocated and the
+trained weights copied off the checkpoint's file mapping with the learner before it, as TRL's are in its
+load and warm-up step, so neither timed step pays for that. Every run uses
 the same fixed torch thread count (tether's adaptive threads off), recorded with the machine.
 
 Every step is also broken into phases (`bench_config.PHASES`: generation, scoring, no-grad logprob

@@ -252,7 +252,7 @@ class Learner:
     def _allocate_moments(self) -> None:
         """AdamW's state, as its first step would create it (a step count, zero moments), allocated
         with the learner instead of inside the first step: for a 135M-parameter model 1 GiB of zeros,
-        which made the first step's optimizer phase 20x its later ones on a loaded 2-core machine."""
+        0.1-0.3 s of a fresh run's first optimizer phase on 2 cores (0.13 s against 0.20-0.41 s)."""
         for group in self.optimizer.param_groups:
             for param in group["params"]:
                 state = self.optimizer.state[param]

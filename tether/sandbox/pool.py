@@ -73,7 +73,7 @@ class SandboxPool:
         languages: Mapping[str, Language] | None = None,
         launches: Sequence[Launch] = (),
     ) -> None:
-        """`launches`: worker processes the caller started ahead (see `worker.launch`), which the first
+        """`launches`: worker processes the caller started ahead (`tether.sandbox.launch`), which the first
         workers take instead of starting their own; one of another interpreter is discarded."""
         self.spec = spec or SandboxSpec()
         self.config = config or PoolConfig()
