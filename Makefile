@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint typecheck unit bench clean browser
 
-$(STAMP): pyproject.toml tether/sandbox/_enter.c tether/kernels/_paged.c tether/kernels/_int8mm.c
+$(STAMP): pyproject.toml $(wildcard tether/*/*.c)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tether needs Python 3.11+, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
