@@ -68,6 +68,36 @@ def test_a_row_does_not_depend_on_the_rows_sharing_the_call(kernel: W8A8Kernel) 
         assert torch.equal(w8a8_gemm.linear(x[start:stop], packed, kernel), whole[start:stop])
 
 
+def edge_rows() -> torch.Tensor:
+    """Rows whose blocks of 32 hold rounding ties, zeros, subnormals, extremes and negative maxima."""
+    x = torch.randn(11, 96, generator=torch.Generator().manual_seed(7))
+    x[0, :32] = torch.tensor([127.0] + [k + 0.5 for k in range(-15, 16)])  # scale 1: every other value a tie
+    x[1] = 0.0
+    x[2, :32] = 1e-40  # subnormal: a positive scale all the same
+    x[3, 32:64] = torch.linspace(-1.0, 0.7, 32) * 3e38
+    x[4, 64:] = -x[4, 64:].abs() * 1e6
+    x[5, :32] = torch.tensor([-2.54] + [0.01 * k for k in range(31)])  # exact halves of the 0.02 step
+    return x
+
+
+@pytest.mark.parametrize("kernel", PATHS)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_every_path_quantizes_ties_zeros_and_extremes_as_the_reference_on_any_thread_count(
+    kernel: W8A8Kernel, threads: int
+) -> None:
+    """With an identity weight the kernel returns its quantized rows: each path, its rows split over any
+    number of threads, gives the reference's rounding bit for bit."""
+    x = edge_rows()
+    identity = w8a8_gemm.pack(torch.eye(96, dtype=torch.int8), torch.ones(96))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = w8a8_gemm.linear(x, identity, kernel)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out, w8a8_gemm.quantize_rows(x))
+
+
 def test_activations_round_to_int8_in_blocks_of_32() -> None:
     x = torch.zeros(2, 64)
     x[0, :32] = torch.linspace(-2.54, 1.27, 32)  # largest |x| 2.54: the step is 0.02
