@@ -77,6 +77,44 @@ def test_native_decode_matches_torch(
     torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", NATIVE_PATHS)
+@pytest.mark.parametrize("first", [0, 3])
+def test_decode_rows_in_one_range_are_attended_in_place_with_the_gathered_bits(
+    kernel: AttentionKernel, first: int
+) -> None:
+    """Decode rows that are one range of the batch (here after `first` rows of a prefill) are read and
+    written in place; rows out of order take the gather. Both give the bits of the one-by-one call."""
+    lengths = [5, 40, 17, 3]
+    q, keys, values, metadata = random_decode_problem(1, lengths, 6, 2, 32, 8)
+    group = decoded(metadata)
+    assert group.first_row == 0
+    shifted = DecodeGroup(
+        group.rows + first, first, group.tables, group.lengths, group.starts, group.mask, group.longest
+    )
+    batch = torch.cat([torch.randn(first, 6, 32), q])
+    in_place = torch.full_like(batch, torch.nan)
+    decode_native(batch, keys, values, shifted, 2, 32**-0.5, in_place, kernel)
+    assert in_place[:first].isnan().all() and not in_place[first:].isnan().any()
+    order = torch.tensor([2, 0, 3, 1])  # the same sequences, their rows scattered
+    scattered = DecodeGroup(order, None, group.tables, group.lengths, group.starts, group.mask, group.longest)
+    gathered = torch.full_like(q, torch.nan)
+    decode_native(q[torch.argsort(order)], keys, values, scattered, 2, 32**-0.5, gathered, kernel)
+    assert torch.equal(in_place[first:], gathered[order])
+    for row in range(len(lengths)):
+        alone = torch.full_like(q[:1], torch.nan)
+        one = DecodeGroup(
+            torch.tensor([0]),
+            0,
+            group.tables[row : row + 1],
+            group.lengths[row : row + 1],
+            group.starts[row : row + 1],
+            group.mask[row : row + 1],
+            int(group.lengths[row]),
+        )
+        decode_native(q[row : row + 1], keys, values, one, 2, 32**-0.5, alone, kernel)
+        assert torch.equal(alone[0], in_place[first + row])
+
+
 @pytest.mark.parametrize(
     ("features", "dtype", "head_dim", "kernel"),
     [

@@ -86,6 +86,7 @@ class DecodeGroup:
     positions before are never read, and their blocks may have been freed."""
 
     rows: torch.Tensor  # LongTensor[B]: each sequence's token in the flat batch
+    first_row: int | None  # rows as the range first_row .. first_row + B - 1 when they are one, else None
     tables: torch.Tensor  # LongTensor[B, W]: block tables from the window's first block, padded with 0
     lengths: torch.Tensor  # LongTensor[B]: rows of each table up to and including the new token
     starts: torch.Tensor  # LongTensor[B]: first row of each table the new token sees (0 without window)
@@ -182,8 +183,10 @@ def _decode_group(
     context, first_row = torch.tensor(lengths, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
     gathered = torch.arange(longest)[None, :]
     mask = (gathered < context[:, None]) & (gathered >= first_row[:, None])
+    rows = [span.query_start for span in spans]
     return DecodeGroup(
-        rows=torch.tensor([span.query_start for span in spans], dtype=torch.long).to(device),
+        rows=torch.tensor(rows, dtype=torch.long).to(device),
+        first_row=rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else None,
         tables=tables.to(device),
         lengths=context.to(device),
         starts=first_row.to(device),
@@ -331,9 +334,16 @@ def decode_native(
     out: torch.Tensor,
     kernel: AttentionKernel,
 ) -> None:
-    """`decode_torch` computed by the C kernel on `kernel`'s path, reading K/V in place (`kernel_for`)."""
-    queries = q[group.rows].contiguous()
-    attended = torch.empty_like(queries)
+    """`decode_torch` computed by the C kernel on `kernel`'s path, reading K/V in place (`kernel_for`).
+    Decode rows that are one range of the batch (a step of decodes only, or decodes before the prefills)
+    are read from q and written to `out` in place, without a gather and a scatter per layer."""
+    in_place = group.first_row is not None and q.is_contiguous() and out.is_contiguous()
+    if group.first_row is not None and in_place:
+        rows = slice(group.first_row, group.first_row + len(group.rows))
+        queries, attended = q[rows], out[rows]
+    else:
+        queries = q[group.rows].contiguous()
+        attended = torch.empty_like(queries)
     _paged.decode_attention(
         queries.data_ptr(),
         key_cache.data_ptr(),
@@ -354,7 +364,8 @@ def decode_native(
         torch.get_num_threads(),
         _vector(kernel),
     )
-    out[group.rows] = attended
+    if not in_place:
+        out[group.rows] = attended
 
 
 def native_attention(
