@@ -268,10 +268,13 @@ def test_bad_updates_are_rejected_whole(
         engine.step()
 
 
+@pytest.mark.parametrize("every_step", [True, False], ids=["every-step", "first-and-last"])
 @pytest.mark.parametrize("policy", POLICIES, ids=[p.value for p in POLICIES])
 async def test_async_engine_applies_updates_between_steps_under_the_policy(
-    tiny_path: Path, original: torch.Tensor, policy: UpdatePolicy
+    tiny_path: Path, original: torch.Tensor, policy: UpdatePolicy, every_step: bool
 ) -> None:
+    """Also when a caller takes only the first delta, each restart's and the last (`every_step` False):
+    the same tokens, logprobs and versions arrive, in at most 2 deltas a run."""
     engine = make_engine(tiny_path, policy)
     async_engine = AsyncEngine(engine)
     async_engine.start()
@@ -282,9 +285,11 @@ async def test_async_engine_applies_updates_between_steps_under_the_policy(
         """Rebuild the request from its deltas, starting again whenever it was retried."""
         n = params[request_id].n
         output = RequestOutput(request_id, prompts[request_id], [Completion(i) for i in range(n)], 0)
+        deltas = 0
         async for delta in async_engine.generate(
-            prompts[request_id], params[request_id], request_id=request_id
+            prompts[request_id], params[request_id], request_id=request_id, every_step=every_step
         ):
+            deltas += 1
             if delta.retries != output.retries:
                 output.completions = [Completion(i) for i in range(n)]
                 output.retries = delta.retries
@@ -294,6 +299,8 @@ async def test_async_engine_applies_updates_between_steps_under_the_policy(
                 completion.logprobs += change.logprobs
                 completion.versions += change.versions
                 completion.finish_reason = change.finish_reason
+        if not every_step:
+            assert deltas <= 2 * (output.retries + 1), f"{request_id}: {deltas} deltas"
         return output
 
     try:

@@ -64,14 +64,15 @@ class _Server:
 
     # running
 
-    async def deltas(self, job: Job) -> AsyncGenerator[RequestDelta, None]:
-        """The engine's deltas, with metrics; records the request's final status."""
+    async def deltas(self, job: Job, every_step: bool = True) -> AsyncGenerator[RequestDelta, None]:
+        """The engine's deltas (`every_step` False: the first, and then the last; `AsyncEngine.generate`),
+        with metrics; records the request's final status."""
         status = RequestStatus.ABORTED
         first_s = None
         most_tokens = 0
         try:
             async with contextlib.aclosing(
-                self.engine.generate(job.prompt_token_ids, job.params, job.priority)
+                self.engine.generate(job.prompt_token_ids, job.params, job.priority, every_step=every_step)
             ) as stream:
                 async for delta in stream:
                     tokens = sum(len(c.token_ids) for c in delta.completions)
@@ -94,9 +95,11 @@ class _Server:
             if status is RequestStatus.COMPLETED and first_s is not None and most_tokens > 1:
                 self.metrics.time_per_output_token.observe((time.monotonic() - first_s) / (most_tokens - 1))
 
-    async def start(self, job: Job) -> tuple[RequestDelta, AsyncGenerator[RequestDelta, None]]:
+    async def start(
+        self, job: Job, every_step: bool = True
+    ) -> tuple[RequestDelta, AsyncGenerator[RequestDelta, None]]:
         """Submit and wait for the first delta, so that refusals become HTTP errors, not broken streams."""
-        stream = self.deltas(job)
+        stream = self.deltas(job, every_step)
         try:
             first = await anext(stream)
         except EngineOverloadedError as error:
@@ -108,8 +111,8 @@ class _Server:
         return first, stream
 
     async def complete(self, job: Job) -> dict[str, Any]:
-        """The whole response, once every sample finished."""
-        first, stream = await self.start(job)
+        """The whole response, once every sample finished (from the first delta and the last only)."""
+        first, stream = await self.start(job, every_step=False)
         choices = [Choice() for _ in range(job.params.n)]
         async with contextlib.aclosing(stream):
             delta: RequestDelta | None = first
