@@ -16,6 +16,7 @@ from tether.engine.async_engine import AsyncEngine, AsyncEngineConfig
 from tether.engine.config import EngineConfig
 from tether.errors import ConfigError
 from tether.models.config import RopeScaling
+from tether.models.omp_pools import in_passing_thread
 from tether.serving.app import create_app
 
 
@@ -98,14 +99,18 @@ def serve(
                 engine_options.setdefault("adapt_threads", True)  # the server owns the process's threads
             else:
                 torch.set_num_threads(threads)
-        engine, tokenizer = LLMEngine.from_pretrained(
-            model,
-            kv_cache_mib=kv_cache_mib,
-            device=device,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            rope_scaling=rope_scaling,
-            **engine_options,
+        # Loaded in a passing thread: the engine computes in a thread of its own, whose OpenMP pool must
+        # be the process's only one to keep its workers spinning between ops (`models.omp_pools`).
+        engine, tokenizer = in_passing_thread(
+            lambda: LLMEngine.from_pretrained(
+                model,
+                kv_cache_mib=kv_cache_mib,
+                device=device,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                rope_scaling=rope_scaling,
+                **engine_options,
+            )
         )
         async_engine = AsyncEngine(engine, AsyncEngineConfig(max_pending_requests=max_pending_requests))
         app = create_app(async_engine, tokenizer, model_name or Path(model).name)
