@@ -75,3 +75,42 @@ def test_tiny_models_load_with_their_chat_template(
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert "<|im_start|>user\nhi<|im_end|>" in text
     assert not any(p.device.type == "meta" for p in model.parameters())
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_loading_pauses_garbage_collection_and_leaves_the_collector_as_it_was(
+    tmp_path: Path, enabled: bool
+) -> None:
+    import gc
+
+    from tether.testing import make_tiny_model
+
+    folder = make_tiny_model(tmp_path, "llama", seed=0)
+    collections: list[int] = []
+    inside = [False]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and inside[0]:
+            collections.append(info["generation"])
+
+    gc.collect()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    gc.callbacks.append(count)
+    try:
+        threshold = gc.get_threshold()
+        gc.set_threshold(1)  # a collection at every new container, unless the loader pauses the collector
+        inside[0] = True
+        try:
+            model, _, _ = load(folder)
+            inside[0] = False
+        finally:
+            gc.set_threshold(*threshold)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.callbacks.remove(count)
+        (gc.enable if was else gc.disable)()
+    assert model.config.num_layers > 0
+    # Entering and leaving the paused block allocates a few objects; without the pause, every one of the
+    # thousands of objects the load builds would run a collection at this threshold.
+    assert len(collections) < 20, f"{len(collections)} collections during the load"

@@ -6,7 +6,10 @@ so loading takes about as long as reading the file. Tokenizers come from transfo
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,6 +91,21 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a block that builds many objects and no garbage, then as
+    it was. Building SmolLM2 and its tokenizer ran about 450 collections, 0.4-0.5 s of a 2.1-2.5 s load
+    on 2 cores, each over every object the process holds; the next collection after the block sees
+    whatever it left, so nothing is kept that would have been freed."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load(
     path_or_name: str | Path,
     cache_dir: Path | None = None,
@@ -103,14 +121,15 @@ def load(
     original length defaulting to the model's max_position_embeddings), e.g. YaRN to run past it.
     """
     quantizer = None if quantization is None else get_quantizer(quantization)  # fails before any loading
-    folder = resolve(path_or_name, cache_dir)
-    config = ModelConfig.from_folder(folder)
-    if rope_scaling is not None:
-        config = config.with_rope_scaling(rope_scaling)
-    with torch.device("meta"):
-        model = CausalLM(config)
-    load_weights(model, folder, device, dtype)
-    if quantizer is not None:
-        quantizer(model)
-    model.eval().requires_grad_(False)
-    return model, load_tokenizer(folder), config
+    with _collector_paused():
+        folder = resolve(path_or_name, cache_dir)
+        config = ModelConfig.from_folder(folder)
+        if rope_scaling is not None:
+            config = config.with_rope_scaling(rope_scaling)
+        with torch.device("meta"):
+            model = CausalLM(config)
+        load_weights(model, folder, device, dtype)
+        if quantizer is not None:
+            quantizer(model)
+        model.eval().requires_grad_(False)
+        return model, load_tokenizer(folder), config
