@@ -197,3 +197,42 @@ def test_int8_engine_accepts_float_weight_updates(tiny_path: Path) -> None:
     after = engine.generate([PROMPTS[3]], GREEDY)[0].completions[0]
     assert after.versions == [1] * len(after.token_ids)
     assert after.logprobs != before.logprobs
+
+
+@pytest.mark.parametrize(("device", "same_thread"), [("cpu", True), ("meta", False)])
+async def test_step_async_steps_in_the_loops_thread_on_cpu_and_in_a_worker_elsewhere(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, same_thread: bool
+) -> None:
+    """On the CPU the step runs in the loop's thread (one OpenMP pool, `models.omp_pools`) and other
+    tasks still run between steps; on an accelerator (its device stood in for by the runner's) it runs
+    in a worker thread, so the loop goes on meanwhile."""
+    import asyncio
+    import threading
+
+    engine = make_engine(tiny_path)
+    stepped_in: list[int] = []
+    step = engine.step
+
+    def recorded() -> list[object]:
+        stepped_in.append(threading.get_ident())
+        return step()  # type: ignore[return-value]
+
+    monkeypatch.setattr(engine, "step", recorded)
+    monkeypatch.setattr(LLMEngine, "device", property(lambda _: torch.device(device)))
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    ticks = 0
+
+    async def other_task() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(other_task())
+    outputs = []
+    while engine.has_unfinished():
+        outputs.extend(await engine.step_async())
+    ticker.cancel()
+    assert outputs[-1].finished and len(outputs[-1].completions[0].token_ids) == 4
+    assert len(stepped_in) == 4 and ticks >= 4
+    assert (set(stepped_in) == {threading.get_ident()}) is same_thread

@@ -180,6 +180,12 @@ class ScriptedEngine:
         self._pending = held
         return outputs
 
+    async def step_async(self) -> list[RequestOutput]:
+        """As `LLMEngine.step_async` on the CPU: a step in the loop's thread, then a yield."""
+        outputs = self.step()
+        await asyncio.sleep(0)
+        return outputs
+
 
 def call(name: str, arguments: dict[str, str]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"

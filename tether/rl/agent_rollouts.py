@@ -161,7 +161,7 @@ class EngineTurns:
                 for request_id in self._aborts:
                     self.engine.abort(request_id)
                 self._aborts.clear()
-                outputs = await asyncio.to_thread(self.engine.step)
+                outputs = await self.engine.step_async()
             except Exception as error:  # fail every waiter rather than leave them hanging
                 for waiter in self._waiting.values():
                     if not waiter.done():

@@ -198,8 +198,8 @@ class EpisodeDriver:
                     in_engine[self._submit(episode)] = episode
                 ready.clear()  # the same list: the steps in flight append to it
                 if in_engine:
-                    # The engine steps in a worker thread so that tool calls proceed meanwhile.
-                    for output in await asyncio.to_thread(self.engine.step):
+                    # Tool calls proceed between steps (or, on an accelerator, during them).
+                    for output in await self.engine.step_async():
                         if output.finished and output.request_id in in_engine:
                             episode = in_engine.pop(output.request_id)
                             stepping.add(asyncio.create_task(self._advance(episode, output, ready)))
