@@ -122,7 +122,7 @@ def register_agent_families(registry: EnvRegistry, max_steps: int) -> None:
 
 class EngineTurns:
     """Requests from many episodes through one engine: submissions and aborts wait for the engine to
-    be between steps (it steps in a worker thread), and each caller awaits its own request's output."""
+    be between steps (`LLMEngine.step_async`), and each caller awaits its own request's output."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
