@@ -42,6 +42,7 @@ class EngineClient(OpenAIClient):
         from tether.models import configure_threads
         from tether.models.config import RopeScaling
         from tether.models.loader import resolve
+        from tether.models.omp_pools import in_passing_thread
         from tether.models.precision import DType, resolve_device
         from tether.serving.app import create_app
 
@@ -51,14 +52,18 @@ class EngineClient(OpenAIClient):
         if on_cpu:  # CPU threads matter only where the model computes on them
             configure_threads()
         folder = resolve(name, cache_dir)  # a registered name, a model folder or a run's checkpoint
-        engine, tokenizer = LLMEngine.from_pretrained(
-            folder,
-            kv_cache_mib=kv_cache_mib,
-            device=where,
-            dtype=kind.torch,
-            adapt_threads=on_cpu,
-            max_model_len=max_model_len,
-            rope_scaling=rope,
+        # Loaded in a passing thread, as `tether serve` loads: the engine computes in its own thread,
+        # whose OpenMP pool should be the process's only one (`models.omp_pools`).
+        engine, tokenizer = in_passing_thread(
+            lambda: LLMEngine.from_pretrained(
+                folder,
+                kv_cache_mib=kv_cache_mib,
+                device=where,
+                dtype=kind.torch,
+                adapt_threads=on_cpu,
+                max_model_len=max_model_len,
+                rope_scaling=rope,
+            )
         )
         self._engine: Any = AsyncEngine(engine, AsyncEngineConfig())
         self._max_model_len = int(engine.config.max_model_len)
