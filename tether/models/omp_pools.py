@@ -9,8 +9,8 @@ in that thread while the main thread had no pool), and `tether serve`'s engine t
 about 20% slower per step than the same engine stepped in the main thread.
 
 So a server or an in-process client whose model computes in a thread of its own (`AsyncEngine`) loads
-that model in a passing thread (`in_passing_thread`): its pool ends with it, and the engine thread's pool is the only one; and
-RL's multi-turn rollouts step their CPU engine in the thread their learner trains in
+that model in a passing thread (`in_passing_thread`): its pool ends with it, and the engine thread's pool
+is the only one; and RL's multi-turn rollouts step their CPU engine in the thread their learner trains in
 (`LLMEngine.step_async`). This does not help where two threads really compute at once (an async RL
 learner beside its engine): those share the cores whatever their pools.
 """
