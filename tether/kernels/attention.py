@@ -337,10 +337,11 @@ def decode_native(
     """`decode_torch` computed by the C kernel on `kernel`'s path, reading K/V in place (`kernel_for`).
     Decode rows that are one range of the batch (a step of decodes only, or decodes before the prefills)
     are read from q and written to `out` in place, without a gather and a scatter per layer."""
-    in_place = group.first_row is not None and q.is_contiguous() and out.is_contiguous()
-    if group.first_row is not None and in_place:
-        rows = slice(group.first_row, group.first_row + len(group.rows))
-        queries, attended = q[rows], out[rows]
+    first = group.first_row
+    in_place = first is not None and q.is_contiguous() and out.is_contiguous()
+    if in_place:
+        assert first is not None
+        queries, attended = q[first : first + len(group.rows)], out[first : first + len(group.rows)]
     else:
         queries = q[group.rows].contiguous()
         attended = torch.empty_like(queries)
