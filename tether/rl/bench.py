@@ -15,7 +15,8 @@ on the same prompts, with how many groups of each timed step really were informa
 a fresh run's first (after the regular runs warmed the process); AdamW's state is allocated and the
 trained weights copied off the checkpoint's file mapping with the learner before it, as TRL's are in its
 load and warm-up step, so neither timed step pays for that. Every run uses
-the same fixed torch thread count (tether's adaptive threads off), recorded with the machine.
+the same fixed torch thread count (tether's adaptive threads off), recorded with the machine, and the
+same allocator settings: freed heap memory kept (`models.host_heap`), as tether's learner sets it.
 
 Every step is also broken into phases (`bench_config.PHASES`: generation, scoring, no-grad logprob
 recomputes, the learner's forward, backward and optimizer step, the weight sync, and the rest), each
@@ -37,6 +38,7 @@ from typing import Any
 from tether.envs.bench import BENCH_ENV
 from tether.envs.registry import EnvRegistry, default_registry
 from tether.machine import load_average
+from tether.models.host_heap import keep_freed_memory
 from tether.rl.bench_config import BenchConfig, CpuClock, Progress, StepTimes
 from tether.rl.bench_trl import run_trl
 from tether.rl.config import TrainConfig, parse_config
@@ -270,6 +272,9 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
     else:
         threads = config.threads
         torch.set_num_threads(threads)
+    # tether's learner keeps freed heap memory (`host_heap`), for the whole process: set before any run,
+    # so that TRL's runs here have the same allocator settings as tether's, whichever runs first.
+    freed_memory_kept = keep_freed_memory()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="tether-rl-bench-"))
     runs: dict[str, dict[str, Any]] = {}
@@ -309,6 +314,7 @@ def run_bench(config: BenchConfig, progress: Progress = lambda _: None) -> dict[
         "adapt_threads": False,
         "cores": os.cpu_count(),
         "load_average_1m": load,  # before and after each run: the machine may be shared
+        "freed_memory_kept": freed_memory_kept,  # the allocator setting every run had (`host_heap`)
         "bench_s": round(time.perf_counter() - started, 1),
         **runs,
         "machine": machine_info(

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from tether.errors import ConfigError
 from tether.models.dense import DenseBatch, token_logprobs
+from tether.models.host_heap import keep_freed_memory
 from tether.models.transformer import CausalLM
 from tether.rl.checkpoint import load_learner_state, save_learner_state
 from tether.rl.lora import attach_lora, merged_weights
@@ -219,6 +220,8 @@ class Learner:
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.device = next(model.parameters()).device
         check_compute_dtype(compute_dtype, self.device)
+        # On the CPU each step would otherwise fault its activations and gradients in afresh (`host_heap`).
+        self.keeps_freed_memory = self.device.type == "cpu" and keep_freed_memory()
         self.compute_dtype = compute_dtype
         # float16's 5-bit exponent underflows small gradients: the loss is scaled up before backward
         # and the gradients down before clipping; a step whose gradients overflowed is skipped (its
