@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ def test_cli_prints_one_json_object_and_writes_it_to_out(tiny_folder: Path, tmp_
     assert printed == json.loads(out.read_text())
     assert printed["requests"] == 4 and printed["greedy_match"] == 1.0
     assert machine_record(1, 0.0).keys() <= printed["machine"].keys()
+    assert printed["freed_memory_kept"] is (platform.libc_ver()[0] == "glibc")
     assert printed["machine"]["torch_cpu_capability"] and printed["machine"]["threads"] == printed["threads"]
 
 

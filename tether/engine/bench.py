@@ -446,5 +446,6 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "spec_greedy_match": spec_matches / len(copies),
         "spec_copy_similarity": copy_similarity([completion.text for completion in plain_outputs]),
         "duration_s": time.perf_counter() - started,
+        "freed_memory_kept": engine.keeps_freed_memory,  # every run's allocator setting (`host_heap`)
         "machine": machine_info(threads, load_start),
     }
