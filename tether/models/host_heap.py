@@ -12,8 +12,9 @@ informative step spent 2.5 s in a forward that took 1.1 s once its pages stayed 
 `keep_freed_memory` turns both off (no `mmap` per block, no trimming), so a process keeps its peak heap
 and reuses it, as torch's CUDA caching allocator keeps device memory. The learner and the engine ask
 for it when they compute on the CPU. The cost is that memory freed
-after a peak is not returned to the system while the process lives, which is what a trainer or a server
-wants and a short command does not care about. It only asks glibc (`mallopt`); another C library is left
+after a peak is not returned to the system while the process lives, and the first steps may grow the
+heap past it (a small block can split a freed large one, which a larger request then cannot reuse)
+before it settles: what a trainer or a server wants, and what a short command does not notice. It only asks glibc (`mallopt`); another C library is left
 as it is, and the call says so.
 """
 
