@@ -10,12 +10,12 @@ informative step spent 2.5 s in a forward that took 1.1 s once its pages stayed 
 15,328 times in every decode step at 32 streams (138 ms a step, against 101-110 ms kept).
 
 `keep_freed_memory` turns both off (no `mmap` per block, no trimming), so a process keeps its peak heap
-and reuses it, as torch's CUDA caching allocator keeps device memory. The learner and the engine ask
-for it when they compute on the CPU. The cost is that memory freed
-after a peak is not returned to the system while the process lives, and the first steps may grow the
-heap past it (a small block can split a freed large one, which a larger request then cannot reuse)
-before it settles: what a trainer or a server wants, and what a short command does not notice. It only asks glibc (`mallopt`); another C library is left
-as it is, and the call says so.
+and reuses it, as torch's CUDA caching allocator keeps device memory. The learner and the engine ask for
+it when they compute on the CPU. The cost: memory freed after a peak is not returned to the system while
+the process lives, and the first steps may grow the heap past that peak (a small block can split a freed
+large one, which a larger request then cannot reuse) before it settles. A trainer or a server wants that
+trade; a short command does not notice it. Only glibc is asked (`mallopt`); another C library is left as
+it is, and the call says so.
 """
 
 from __future__ import annotations
