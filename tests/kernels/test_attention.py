@@ -77,6 +77,46 @@ def test_native_decode_matches_torch(
     torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
 
 
+# The AVX2 path over a float16 cache also needs F16C (every AVX2 CPU has it; the check is kept).
+NEEDS_F16C = pytest.mark.skipif(
+    not {CpuFeature.AVX2_FMA, CpuFeature.F16C} <= cpu.detected(), reason="CPU without AVX2/FMA/F16C"
+)
+HALF_PATHS = [AttentionKernel.C_PORTABLE, pytest.param(AttentionKernel.C_AVX2, marks=NEEDS_F16C)]
+
+
+@pytest.mark.parametrize("kernel", HALF_PATHS)
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+def test_native_decode_over_a_float16_cache_is_the_float32_attention_of_its_values(
+    kernel: AttentionKernel, heads: int, kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    """float16 converts to float32 exactly, so the kernel over a float16 cache attends to the same numbers
+    as over that cache upcast: special values (subnormals, signed zero, the largest half) included."""
+    if kernel is AttentionKernel.C_AVX2 and head_dim % 8:
+        pytest.skip("the AVX2 path takes head_dim multiples of 8")
+    lengths = [1, 7, 33, 64, 129, 5, 300]
+    q, keys, values, metadata = random_decode_problem(6, lengths, heads, kv_heads, head_dim, block_size)
+    keys, values = keys.half(), values.half()
+    specials = torch.tensor([6e-8, -6e-8, 3e-5, -0.0, 0.0, 65504.0, -65504.0], dtype=torch.float16)
+    values.view(-1)[: specials.numel()] = specials
+    keys.view(-1)[: specials.numel() - 2] = specials[:-2]  # the largest half as a key would overflow exp
+    assert kernel_for(q, keys, values) is not AttentionKernel.TORCH_SDPA
+    native, reference = torch.full_like(q, torch.nan), torch.full_like(q, torch.nan)
+    decode_native(q, keys, values, decoded(metadata), kv_heads, head_dim**-0.5, native, kernel)
+    decode_torch(q, keys.float(), values.float(), decoded(metadata), kv_heads, head_dim**-0.5, reference)
+    torch.testing.assert_close(native, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", HALF_PATHS)
+def test_prefill_rows_over_a_float16_cache_match_their_float32_values(kernel: AttentionKernel) -> None:
+    q, keys, values, metadata = random_decode_problem(7, [40, 90], 6, 2, 16, 8)
+    group = decoded(metadata)
+    half = native_attention(q, keys.half(), values.half(), group.tables, group.lengths, 0.25, kernel)
+    upcast = native_attention(
+        q, keys.half().float(), values.half().float(), group.tables, group.lengths, 0.25, kernel
+    )
+    assert torch.equal(half, upcast)
+
+
 @pytest.mark.parametrize("kernel", NATIVE_PATHS)
 @pytest.mark.parametrize("first", [0, 3])
 def test_decode_rows_in_one_range_are_attended_in_place_with_the_gathered_bits(
@@ -133,10 +173,28 @@ def test_attention_kernel_follows_the_cpu_features(
     assert attention_kernel(frozenset(features), dtype, head_dim) is kernel
 
 
+@pytest.mark.parametrize(
+    ("features", "cache_dtype", "kernel"),
+    [
+        ({CpuFeature.AVX2_FMA, CpuFeature.F16C}, torch.float16, AttentionKernel.C_AVX2),
+        ({CpuFeature.AVX2_FMA}, torch.float16, AttentionKernel.C_PORTABLE),
+        ({CpuFeature.F16C}, torch.float16, AttentionKernel.C_PORTABLE),
+        ({CpuFeature.AVX2_FMA}, torch.float32, AttentionKernel.C_AVX2),
+        (set(CpuFeature), torch.bfloat16, AttentionKernel.TORCH_SDPA),
+    ],
+)
+def test_float32_queries_take_the_kernel_over_a_float32_or_float16_cache(
+    features: set[CpuFeature], cache_dtype: torch.dtype, kernel: AttentionKernel
+) -> None:
+    assert attention_kernel(frozenset(features), torch.float32, 64, cache_dtype) is kernel
+
+
 @pytest.mark.parametrize("head_dim", [8, 20, 64])
 def test_the_kernel_and_the_detection_agree_on_avx2(head_dim: int) -> None:
     detected = attention_kernel(cpu.detected(), torch.float32, head_dim) is AttentionKernel.C_AVX2
     assert _paged.avx2_fits(head_dim) == detected
+    over_half = attention_kernel(cpu.detected(), torch.float32, head_dim, torch.float16)
+    assert _paged.avx2_fits(head_dim, True) == (over_half is AttentionKernel.C_AVX2)
 
 
 @NEEDS_AVX2
@@ -216,6 +274,8 @@ def test_native_decode_does_not_apply_to_other_dtypes_or_layouts() -> None:
     assert kernel_for(q.double(), keys.double(), values.double()) is AttentionKernel.TORCH_SDPA
     assert kernel_for(q.bfloat16(), keys.bfloat16(), values.bfloat16()) is AttentionKernel.TORCH_SDPA
     assert kernel_for(q, keys.transpose(0, 1), values) is AttentionKernel.TORCH_SDPA
+    assert kernel_for(q, keys.half(), values) is AttentionKernel.TORCH_SDPA  # caches of two dtypes
+    assert kernel_for(q.half(), keys.half(), values.half()) is AttentionKernel.TORCH_SDPA
 
 
 def windowed_reference(

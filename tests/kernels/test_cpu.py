@@ -26,7 +26,7 @@ OLD_X86 = "processor\t: 0\nflags\t\t: fpu sse sse2 sse4_2 avx\n"
 @pytest.mark.parametrize(
     ("cpuinfo", "onednn_bf16", "expected"),
     [
-        (EPYC_AVX2, False, {CpuFeature.AVX2_FMA, CpuFeature.ONEDNN}),
+        (EPYC_AVX2, False, {CpuFeature.AVX2_FMA, CpuFeature.F16C, CpuFeature.ONEDNN}),
         (
             XEON_AVX512,
             True,

@@ -7,10 +7,12 @@ so `AttentionMetadata.build` prepares it once. A multi-token chunk (a prefill, o
 verification) is handled on its own: causal (SDPA's `is_causal`, no mask) when nothing is cached, else
 with a causal mask offset by its cached length. Decode attention never copies K/V per query head: the
 query heads of a group are folded into the query axis (a CUDA chunk repeats them, see `chunk_torch`).
-On CPU with float32 caches, attention runs in a small C kernel (`_paged.c`) that reads K/V
-straight from the blocks instead of gathering a padded copy per layer, for prefill chunks too (one query
-row at a time, so a token's attention does not depend on its batch): its AVX2 path where the CPU has AVX2
-and FMA, its portable path elsewhere (`attention_kernel`). Otherwise it is plain torch (SDPA, on CPU or
+On CPU with float32 queries over float32 or float16 caches (a float16 cache is half the bytes decode
+attention reads: `LLMEngine.from_pretrained`'s `kv_cache_dtype`), attention runs in a small C kernel
+(`_paged.c`) that reads K/V straight from the blocks instead of gathering a padded copy per layer, for
+prefill chunks too (one query row at a time, so a token's attention does not depend on its batch): its
+AVX2 path where the CPU has AVX2 and FMA (and F16C for a float16 cache), its portable path elsewhere
+(`attention_kernel`). Otherwise it is plain torch (SDPA, on CPU or
 CUDA). A layer with a sliding window (`ModelConfig.layer_windows`) has its own view of the step's metadata:
 its tables start at the first block its window reaches, so blocks before it are never read (the engine
 frees them once no layer needs them). A chunk whose context reaches `LongChunkAttention.min_context` runs
@@ -41,27 +43,32 @@ class AttentionKernel(Enum):
     TORCH_SDPA = "torch SDPA"
 
 
-def attention_kernel(features: frozenset[CpuFeature], dtype: torch.dtype, head_dim: int) -> AttentionKernel:
-    """The kernel CPU attention over caches of `dtype` takes on a machine with `features`: the C kernel for
-    float32, on its AVX2 path where the CPU has AVX2 and FMA and head_dim is a multiple of 8."""
-    if dtype != torch.float32:
+def attention_kernel(
+    features: frozenset[CpuFeature], dtype: torch.dtype, head_dim: int, cache_dtype: torch.dtype | None = None
+) -> AttentionKernel:
+    """The kernel CPU attention of `dtype` queries over caches of `cache_dtype` (default: `dtype`) takes on
+    a machine with `features`: the C kernel for float32 queries over a float32 or float16 cache, on its
+    AVX2 path where the CPU has AVX2 and FMA (and F16C, for float16) and head_dim is a multiple of 8."""
+    cache_dtype = dtype if cache_dtype is None else cache_dtype
+    if dtype != torch.float32 or cache_dtype not in (torch.float32, torch.float16):
         return AttentionKernel.TORCH_SDPA
-    if CpuFeature.AVX2_FMA in features and head_dim % 8 == 0:
+    half_ready = cache_dtype == torch.float32 or CpuFeature.F16C in features
+    if CpuFeature.AVX2_FMA in features and half_ready and head_dim % 8 == 0:
         return AttentionKernel.C_AVX2
     return AttentionKernel.C_PORTABLE
 
 
 def kernel_for(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> AttentionKernel:
     """The kernel attention of `q` over these caches takes on this machine: `attention_kernel` on CPU when
-    q and the caches share a dtype and the caches are in their allocated layout, else torch SDPA."""
+    the two caches share a dtype and are in their allocated layout, else torch SDPA."""
     if not (
         q.device.type == "cpu"
-        and q.dtype == key_cache.dtype == value_cache.dtype
+        and key_cache.dtype == value_cache.dtype
         and key_cache.is_contiguous()
         and value_cache.is_contiguous()
     ):
         return AttentionKernel.TORCH_SDPA
-    return attention_kernel(cpu.detected(), q.dtype, q.shape[-1])
+    return attention_kernel(cpu.detected(), q.dtype, q.shape[-1], key_cache.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +371,7 @@ def decode_native(
         scale,
         torch.get_num_threads(),
         _vector(kernel),
+        key_cache.dtype == torch.float16,
     )
     if not in_place:
         out[group.rows] = attended
@@ -381,7 +389,7 @@ def native_attention(
 ) -> torch.Tensor:
     """The C kernel on `kernel`'s path over any rows: query row i ([N, heads, head_dim]) attends, in order,
     to the cached rows starts[i] .. lengths[i] - 1 (starts: 0 when None) its block table tables[i] names.
-    float32 CPU only (`kernel_for`)."""
+    float32 queries on the CPU, over a float32 or float16 cache (`kernel_for`)."""
     queries = q.contiguous()
     attended = torch.empty_like(queries)
     first = torch.zeros_like(lengths) if starts is None else starts.to(torch.long).contiguous()
@@ -404,6 +412,7 @@ def native_attention(
         scale,
         torch.get_num_threads(),
         _vector(kernel),
+        key_cache.dtype == torch.float16,
     )
     return attended
 

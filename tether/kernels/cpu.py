@@ -20,6 +20,7 @@ from tether.machine import cpu_model as cpu_model
 
 class CpuFeature(Enum):
     AVX2_FMA = "avx2+fma"
+    F16C = "f16c"
     AVX512F = "avx512f"
     AVX512_VNNI = "avx512f+avx512_vnni"
     ONEDNN = "onednn"
@@ -29,6 +30,7 @@ class CpuFeature(Enum):
 # What each feature is, and which kernel path needs it.
 USES = {
     CpuFeature.AVX2_FMA: "AVX2 and FMA instructions: the decode attention kernel's vector path",
+    CpuFeature.F16C: "float16 conversions: that vector path over a float16 KV cache",
     CpuFeature.AVX512F: "AVX-512 foundation instructions: the int8 weight matmul's widest path",
     CpuFeature.AVX512_VNNI: "AVX-512 VNNI byte dot products: the dynamic int8 matmul's widest path",
     CpuFeature.ONEDNN: "torch built with oneDNN: prepacked float32 projections",
@@ -42,6 +44,8 @@ def features_of(flags: frozenset[str], onednn: bool, onednn_bf16: bool) -> froze
     found = set()
     if {"avx2", "fma"} <= flags:
         found.add(CpuFeature.AVX2_FMA)
+    if "f16c" in flags:
+        found.add(CpuFeature.F16C)
     if "avx512f" in flags:
         found.add(CpuFeature.AVX512F)
         if "avx512_vnni" in flags:
