@@ -46,6 +46,18 @@ def test_a_bad_device_or_dtype_fails_before_the_model_loads(
     assert f"error: {expected}" in output
 
 
+def test_serve_refuses_a_kv_cache_dtype_it_does_not_know_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    empty = tmp_path / "model"
+    empty.mkdir()
+    result = runner.invoke(app, [*COMMANDS["serve"], "--model", str(empty), "--kv-cache-dtype", "int8"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "error: --kv-cache-dtype = 'int8': expected one of float32, bfloat16, float16" in output
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize(
     ("option", "expected"),

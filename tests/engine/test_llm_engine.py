@@ -187,6 +187,34 @@ def test_the_int8_kernel_gives_the_greedy_tokens_of_the_dequantized_float_matmul
         torch.testing.assert_close(kernel.completions[0].logprobs, dequantized.completions[0].logprobs)
 
 
+def test_a_float16_kv_cache_beside_float32_weights_holds_twice_the_blocks_and_their_greedy_tokens(
+    tiny_path: Path,
+) -> None:
+    engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK)
+    half, _ = LLMEngine.from_pretrained(
+        tiny_path, kv_cache_mib=1, block_size=BLOCK, kv_cache_dtype=torch.float16
+    )
+    assert half.runner.kv_cache.keys[0].dtype == torch.float16
+    assert next(half.runner.model.parameters()).dtype == torch.float32
+    assert half.runner.kv_cache.num_blocks == 2 * engine.runner.kv_cache.num_blocks
+    # A random tiny model has near-ties that K/V's float16 rounding may flip: each completion agrees with the
+    # float32 cache's, token and log-probability, at least for its first tokens and up to where it turns.
+    for ours, theirs in zip(engine.generate(PROMPTS, GREEDY), half.generate(PROMPTS, GREEDY), strict=True):
+        a, b = ours.completions[0], theirs.completions[0]
+        same = next(
+            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y),
+            len(a.token_ids),
+        )
+        assert same >= 3, (a.token_ids, b.token_ids)
+        torch.testing.assert_close(a.logprobs[:same], b.logprobs[:same], atol=1e-2, rtol=0)
+        assert a.logprobs[:same] != b.logprobs[:same]  # rounded K/V: not the float32 cache's bits
+
+
+def test_a_kv_cache_dtype_that_is_not_floating_point_is_refused(tiny_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype = torch\.int8: expected a floating point type"):
+        LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, kv_cache_dtype=torch.int8)
+
+
 def test_int8_engine_accepts_float_weight_updates(tiny_path: Path) -> None:
     engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK, quantization="int8")
     before = engine.generate([PROMPTS[3]], GREEDY)[0].completions[0]

@@ -87,6 +87,7 @@ def test_the_servers_are_measured_in_interleaved_rounds_at_the_same_threads(
     assert result["threads"] == 1 and result["rounds"] == 2 and result["streams"] == [16, 32]
     assert machine_record(1, 0.0).keys() <= result["machine"].keys()
     assert Path(result["gguf_f32"]).is_file() and result["gguf_f32"].endswith(".f32.gguf")
+    assert result["tether_kv_cache_dtype"] == "float32" and result["llama_cpp_kv_cache_dtype"] == "float16"
 
     requests = [json.loads(line) for line in requests_log.read_text().splitlines()]
     assert {r["threads"] for r in requests} == {1}, "llama-server runs at the benchmark's threads"
@@ -155,7 +156,14 @@ def test_bad_stream_counts_are_refused_naming_the_value(streams: str, tmp_path: 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_tokens", 0), ("rounds", True), ("threads", -1), ("streams", ()), ("streams", (0,))],
+    [
+        ("max_tokens", 0),
+        ("rounds", True),
+        ("threads", -1),
+        ("streams", ()),
+        ("streams", (0,)),
+        ("kv_cache_dtype", "int8"),
+    ],
 )
 def test_bad_peer_bench_config_is_refused_naming_the_field(field: str, value: object, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"peer bench: {field} = "):
@@ -203,6 +211,30 @@ def test_the_int8_contestant_serves_quantized_weights(
             logprobs[quantization] = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
     assert len(logprobs[None]) == len(logprobs[INT8_QUANTIZATION]) == 3
     assert logprobs[None] != logprobs[INT8_QUANTIZATION]
+
+
+def test_a_float16_kv_cache_serves_the_float32_model_within_its_rounding(
+    tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """`kv_cache_dtype="float16"`, as llama-server's default cache: the same greedy tokens, log-probabilities
+    within float16's rounding of K/V, and not the float32 cache's bits."""
+    logprobs, tokens = {}, {}
+    for kv_cache_dtype in ("float32", "float16"):
+        port = free_port()
+        command = tether_command(tiny_model("llama"), port, threads=1, slots=2, kv_cache_dtype=kv_cache_dtype)
+        url = f"http://127.0.0.1:{port}"
+        with running_server(f"tether {kv_cache_dtype}", command, f"{url}/healthz", 120, tmp_path / "s.log"):
+            body = {"model": "bench", "prompt": "hello there", "max_tokens": 4, "logprobs": 1}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            choice = reply.json()["choices"][0]
+            logprobs[kv_cache_dtype], tokens[kv_cache_dtype] = (
+                choice["logprobs"]["token_logprobs"],
+                choice["text"],
+            )
+    assert tokens["float16"] == tokens["float32"]
+    assert logprobs["float16"] != logprobs["float32"]
+    assert max(abs(a - b) for a, b in zip(logprobs["float16"], logprobs["float32"], strict=True)) < 1e-2
 
 
 def test_make_bench_builds_only_llama_server_where_the_lookup_finds_it(tmp_path: Path) -> None:

@@ -132,6 +132,13 @@ def bench_command(
     peer_tokens: Annotated[
         int, typer.Option("--peer-tokens", help="Greedy tokens per request (--peer).")
     ] = 64,
+    kv_cache_dtype: Annotated[
+        str,
+        typer.Option(
+            "--kv-cache-dtype",
+            help="tether's KV cache (--peer): float32 as its weights, or float16 as llama-server's default.",
+        ),
+    ] = "float32",
     cache_dir: CacheDirOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the JSON result to this file.")
@@ -158,6 +165,7 @@ def bench_command(
                 max_tokens=peer_tokens,
                 rounds=repeats,
                 prefix_tokens=prefix_tokens,
+                kv_cache_dtype=kv_cache_dtype,
             )
             with progress_lines() as report:
                 result = run_peer_bench(peer_config, report)

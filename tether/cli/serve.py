@@ -86,6 +86,13 @@ def serve_command(
     ] = "recompute",
     device: DeviceOption = "auto",
     dtype: DTypeOption = "float32",
+    kv_cache_dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="The KV cache's type when it differs from --dtype: float32, bfloat16 or float16 (float16 "
+            "beside float32 weights halves what decode attention reads, as llama.cpp's default cache)."
+        ),
+    ] = None,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Serve a model: POST /v1/chat/completions and /v1/completions, GET /v1/models, /healthz, /metrics."""
@@ -96,6 +103,7 @@ def serve_command(
 
     with user_errors():
         where, kind = resolve_device(device, "--device"), DType.parse(dtype, "--dtype")
+        kv_kind = kind if kv_cache_dtype is None else DType.parse(kv_cache_dtype, "--kv-cache-dtype")
         rope = None if rope_scaling is None else RopeScaling.parse(rope_scaling)
         tiers = kv_tier_options(kv_host_mib, kv_disk_dir, kv_disk_mib, preemption_mode)
         listener = listen(host, port)  # before pulling or loading anything: a taken port fails at once
@@ -108,7 +116,10 @@ def serve_command(
         # A plain model folder serves under its folder name; a run's checkpoint or a registered model
         # under the --model value, which is what the client that started the server knows.
         name = folder.name if folder == Path(model) else model
-        err_console.print(f"serving {name} on http://{host}:{port}/v1 ({where}, {kind})", highlight=False)
+        cache = "" if kv_kind is kind else f", KV cache {kv_kind}"
+        err_console.print(
+            f"serving {name} on http://{host}:{port}/v1 ({where}, {kind}{cache})", highlight=False
+        )
         serve(
             folder,
             host=host,
@@ -118,6 +129,7 @@ def serve_command(
             rope_scaling=rope,
             device=where,
             dtype=kind.torch,
+            kv_cache_dtype=kv_kind.torch,
             model_name=name,
             max_pending_requests=max_pending_requests,
             max_num_seqs=max_num_seqs,

@@ -146,27 +146,34 @@ class LLMEngine:
         weight_update: WeightUpdateConfig | None = None,
         max_model_len: int | None = None,
         rope_scaling: RopeScaling | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
         **engine_options: Any,
     ) -> tuple[LLMEngine, PreTrainedTokenizerBase]:
         """Load a model (a registered name or an HF folder) and size the KV cache to `kv_cache_mib`.
 
         `rope_scaling` replaces the model's own (`tether.models.load`); `max_model_len` is checked against
-        the model's context limit and the cache (`context_limits`), None taking the default there."""
+        the model's context limit and the cache (`context_limits`), None taking the default there.
+        `kv_cache_dtype` stores K/V in another floating type than the weights' `dtype` (default: the same),
+        as llama.cpp's float16 cache beside float32 weights: half the bytes decode attention reads on the
+        CPU (float32 queries over a float16 cache take the C kernel) and twice the tokens per MiB."""
+        if kv_cache_dtype is not None and not kv_cache_dtype.is_floating_point:
+            raise ConfigError(f"kv_cache_dtype = {kv_cache_dtype}: expected a floating point type")
+        kv_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         folder = resolve(path_or_name, cache_dir)
         model_config = ModelConfig.from_folder(folder)
         if rope_scaling is not None:
             model_config = model_config.with_rope_scaling(rope_scaling)
         block_size = int(engine_options.pop("block_size", 16))
-        num_blocks = kv_cache_blocks(model_config, kv_cache_mib, block_size, dtype)
+        num_blocks = kv_cache_blocks(model_config, kv_cache_mib, block_size, kv_dtype)
         # before the weights load: a length the model or the cache cannot hold fails at once
-        longest = resolve_max_model_len(model_config, max_model_len, kv_cache_mib, block_size, dtype)
+        longest = resolve_max_model_len(model_config, max_model_len, kv_cache_mib, block_size, kv_dtype)
         model, tokenizer, model_config = load(
             folder, device=device, dtype=dtype, quantization=quantization, rope_scaling=rope_scaling
         )
         config = EngineConfig(
             num_blocks=num_blocks, block_size=block_size, max_model_len=longest, **engine_options
         )
-        runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, kv_dtype=kv_dtype)
         grammars = GrammarCompiler.for_tokenizer(
             tokenizer, model_config.vocab_size, model_config.eos_token_ids
         )

@@ -35,6 +35,7 @@ from tether.engine.bench_machine import bench_threads, machine_info
 from tether.errors import ConfigError
 from tether.machine import load_average
 from tether.models.gguf_export import write_f32_gguf
+from tether.models.precision import DType
 from tether.models.quantize import REFERENCE_TEXT
 from tether.models.registry import KNOWN_MODELS
 from tether.serving.llama_server import LlamaServerSpec, ServerFailed, find_llama_server, running_server
@@ -81,6 +82,9 @@ class PeerBenchConfig:
     """Shared prefix of the prefix-cache time to first token, in tokens (about: text of this many)."""
     startup_timeout_s: float = 300.0
     """Longest wait for a server to load its model and answer its health check."""
+    kv_cache_dtype: str = "float32"
+    """tether's KV cache: float32, as its weights, or float16, as llama-server's own default cache (in
+    its f32 run too; `llama-server --help`: `--cache-type-k`, default f16)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "rounds", "prefix_tokens", "threads"):
@@ -95,6 +99,7 @@ class PeerBenchConfig:
             raise ConfigError(f"peer bench: streams = {self.streams!r}: expected integers of at least 1")
         if self.startup_timeout_s <= 0:
             raise ConfigError(f"peer bench: startup_timeout_s = {self.startup_timeout_s!r}: expected > 0")
+        DType.parse(self.kv_cache_dtype, "peer bench: kv_cache_dtype")
 
 
 @dataclass(slots=True)
@@ -224,15 +229,21 @@ def float32_gguf(quantized: Path, cache_dir: Path, say: Progress) -> Path:
 
 
 def tether_command(
-    folder: Path, port: int, threads: int, slots: int, quantization: str | None = None
+    folder: Path,
+    port: int,
+    threads: int,
+    slots: int,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "float32",
 ) -> list[str]:
     """`tether serve` through its launcher, pinned to `threads` (the CLI follows the free cores), its
-    weights quantized by `quantization` (a key of `models.quantize.QUANTIZERS`) if given."""
+    weights quantized by `quantization` (a key of `models.quantize.QUANTIZERS`) if given, its KV cache
+    in `kv_cache_dtype` (a `DType` value)."""
     code = (
-        "from tether.serving.launcher import serve; "
+        "import torch; from tether.serving.launcher import serve; "
         f"serve({str(folder)!r}, port={port}, threads={threads}, max_num_seqs={slots}, "
         f"kv_cache_mib=512, model_name={SERVED_NAME!r}, log_level='warning', "
-        f"quantization={quantization!r})"
+        f"quantization={quantization!r}, kv_cache_dtype=torch.{DType.parse(kv_cache_dtype).value})"
     )
     return [sys.executable, "-c", code]
 
@@ -251,7 +262,7 @@ def _servers(
         yield name, spec.command(port), f"http://127.0.0.1:{port}", "/health"
     for name, quantization in ((TETHER, None), (TETHER_INT8, INT8_QUANTIZATION)):
         port = free_port()
-        command = tether_command(folder, port, threads, slots, quantization)
+        command = tether_command(folder, port, threads, slots, quantization, config.kv_cache_dtype)
         yield name, command, f"http://127.0.0.1:{port}", "/healthz"
 
 
@@ -300,6 +311,8 @@ def run_peer_bench(config: PeerBenchConfig, progress: Progress | None = None) ->
         "max_tokens": config.max_tokens,
         "rounds": config.rounds,
         "prefix_tokens": config.prefix_tokens,
+        "tether_kv_cache_dtype": config.kv_cache_dtype,
+        "llama_cpp_kv_cache_dtype": "float16",  # llama-server's default, which the bench leaves as it is
         **figures,
         **ratios,
         "duration_s": time.perf_counter() - started,
