@@ -11,18 +11,25 @@ import pytest
 
 from tether.models.omp_pools import in_passing_thread
 
+# The pool's workers exit after the thread that owned it has been joined, a moment later: the count is
+# read once it settles (or after 5 s), so a pool that stays shows and one on its way out does not.
 COUNT_THREADS = """
-import os, torch
+import os, time, torch
 from tether.models.omp_pools import in_passing_thread
 torch.set_num_threads(2)
 def threads():
     return len(os.listdir("/proc/self/task"))
+def settled(target):
+    deadline = time.monotonic() + 5
+    while threads() != target and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads()
 big = torch.randn(1 << 21)
 before = threads()
 assert in_passing_thread(lambda: float(big.exp().sum())) > 0
-after_passing = threads()
+after_passing = settled(before)
 big.exp()  # the same parallel op in the main thread
-print(before, after_passing, threads())
+print(before, after_passing, settled(before + 1))
 """
 
 
