@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -194,21 +195,31 @@ def test_tether_serve_keeps_the_threads_the_benchmark_gives_it(
     assert threads and float(threads[0].split()[-1]) == 2, threads
 
 
+def _greedy_choice(folder: Path, log: Path, max_tokens: int, **options: Any) -> dict[str, Any]:
+    """The choice of one greedy completion of "hello there", with logprobs, from `tether_command`'s
+    server started with `options`."""
+    port = free_port()
+    command = tether_command(folder, port, threads=1, slots=2, **options)
+    url = f"http://127.0.0.1:{port}"
+    with running_server(f"tether {options}", command, f"{url}/healthz", 120, log):
+        body = {"model": "bench", "prompt": "hello there", "max_tokens": max_tokens, "logprobs": 1}
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        choice: dict[str, Any] = reply.json()["choices"][0]
+        return choice
+
+
 def test_the_int8_contestant_serves_quantized_weights(
     tiny_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """The same prompt's greedy log-probabilities differ between the float32 and the int8 server: the
     second one's weights are rounded to int8, so it cannot be the float32 model under another name."""
-    logprobs = {}
-    for quantization in (None, INT8_QUANTIZATION):
-        port = free_port()
-        command = tether_command(tiny_model("llama"), port, threads=1, slots=2, quantization=quantization)
-        url = f"http://127.0.0.1:{port}"
-        with running_server(f"tether {quantization}", command, f"{url}/healthz", 120, tmp_path / "s.log"):
-            body = {"model": "bench", "prompt": "hello there", "max_tokens": 3, "logprobs": 1}
-            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
-            assert reply.status_code == 200, reply.text
-            logprobs[quantization] = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
+    logprobs = {
+        quantization: _greedy_choice(tiny_model("llama"), tmp_path / "s.log", 3, quantization=quantization)[
+            "logprobs"
+        ]["token_logprobs"]
+        for quantization in (None, INT8_QUANTIZATION)
+    }
     assert len(logprobs[None]) == len(logprobs[INT8_QUANTIZATION]) == 3
     assert logprobs[None] != logprobs[INT8_QUANTIZATION]
 
@@ -218,23 +229,14 @@ def test_a_float16_kv_cache_serves_the_float32_model_within_its_rounding(
 ) -> None:
     """`kv_cache_dtype="float16"`, as llama-server's default cache: the same greedy tokens, log-probabilities
     within float16's rounding of K/V, and not the float32 cache's bits."""
-    logprobs, tokens = {}, {}
-    for kv_cache_dtype in ("float32", "float16"):
-        port = free_port()
-        command = tether_command(tiny_model("llama"), port, threads=1, slots=2, kv_cache_dtype=kv_cache_dtype)
-        url = f"http://127.0.0.1:{port}"
-        with running_server(f"tether {kv_cache_dtype}", command, f"{url}/healthz", 120, tmp_path / "s.log"):
-            body = {"model": "bench", "prompt": "hello there", "max_tokens": 4, "logprobs": 1}
-            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
-            assert reply.status_code == 200, reply.text
-            choice = reply.json()["choices"][0]
-            logprobs[kv_cache_dtype], tokens[kv_cache_dtype] = (
-                choice["logprobs"]["token_logprobs"],
-                choice["text"],
-            )
-    assert tokens["float16"] == tokens["float32"]
-    assert logprobs["float16"] != logprobs["float32"]
-    assert max(abs(a - b) for a, b in zip(logprobs["float16"], logprobs["float32"], strict=True)) < 1e-2
+    full, half = (
+        _greedy_choice(tiny_model("llama"), tmp_path / "s.log", 4, kv_cache_dtype=kv_cache_dtype)
+        for kv_cache_dtype in ("float32", "float16")
+    )
+    assert half["text"] == full["text"]
+    ours, theirs = half["logprobs"]["token_logprobs"], full["logprobs"]["token_logprobs"]
+    assert ours != theirs
+    assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-2
 
 
 def test_make_bench_builds_only_llama_server_where_the_lookup_finds_it(tmp_path: Path) -> None:
