@@ -14,6 +14,7 @@ from tether.engine.model_runner import ModelRunner, SequenceChunk
 from tether.engine.sampling import SamplingParams
 from tether.errors import ConfigError
 from tether.kernels import int8_gemm
+from tether.kernels.attention import AttentionKernel, kernel_for
 from tether.models import QuantizedLinear, load
 from tether.testing import make_tiny_model
 
@@ -208,6 +209,22 @@ def test_a_float16_kv_cache_beside_float32_weights_holds_twice_the_blocks_and_th
         assert same >= 3, (a.token_ids, b.token_ids)
         torch.testing.assert_close(a.logprobs[:same], b.logprobs[:same], atol=1e-2, rtol=0)
         assert a.logprobs[:same] != b.logprobs[:same]  # rounded K/V: not the float32 cache's bits
+
+
+def test_a_bfloat16_kv_cache_beside_float32_weights_attends_through_torch(tiny_path: Path) -> None:
+    """No C kernel reads bfloat16: the torch path (CUDA's too) upcasts the cache to the queries' float32."""
+    engine, _ = LLMEngine.from_pretrained(tiny_path, kv_cache_mib=1, block_size=BLOCK)
+    rounded, _ = LLMEngine.from_pretrained(
+        tiny_path, kv_cache_mib=1, block_size=BLOCK, kv_cache_dtype=torch.bfloat16
+    )
+    cache = rounded.runner.kv_cache.keys[0]
+    assert cache.dtype == torch.bfloat16
+    assert kernel_for(torch.zeros(1, 1, cache.shape[-1]), cache, cache) is AttentionKernel.TORCH_SDPA
+    first = [o.completions[0] for o in engine.generate(PROMPTS, GREEDY)]
+    second = [o.completions[0] for o in rounded.generate(PROMPTS, GREEDY)]
+    assert [c.token_ids[:2] for c in first] == [c.token_ids[:2] for c in second]
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a.logprobs[:2], b.logprobs[:2], atol=5e-2, rtol=0)
 
 
 def test_a_kv_cache_dtype_that_is_not_floating_point_is_refused(tiny_path: Path) -> None:
