@@ -208,8 +208,8 @@ def test_every_cpu_path_takes_its_kernels_and_stays_close_to_transformers(
     linear, decode_attention = prepack.linear, attention._paged.decode_attention
     monkeypatch.setattr(prepack, "linear", lambda *a: packed_calls.append(1) or linear(*a))
     monkeypatch.setattr(
-        attention._paged, "decode_attention", lambda *a: vector_flags.append(a[-1]) or decode_attention(*a)
-    )
+        attention._paged, "decode_attention", lambda *a: vector_flags.append(a[17]) or decode_attention(*a)
+    )  # a[17]: `vector` (a[18]: `half`, a float16 cache)
     folder = tiny_model("qwen3")
     model, _, config = load(folder, dtype=dtype)
     runner = ModelRunner(model, num_blocks=8, block_size=BLOCK_SIZE)
