@@ -141,7 +141,8 @@ static void attend_scalar(Slice *slice) {
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-/* F16C too: the float16 cache's loads. Every AVX2 CPU has it; the path is taken only where it is checked. */
+/* F16C too, for the float16 cache's loads: the float32 copy of the path holds none of its instructions, and
+   the float16 copy runs only where the CPU has it (`avx2_fits`). */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
 
